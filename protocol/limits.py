@@ -1,0 +1,52 @@
+"""Every limit of the tool contract, in one place. Sizes are UTF-8 bytes unless named otherwise."""
+
+KiB = 1024
+MiB = 1024 * 1024
+
+SESSION_ID_MAX_BYTES = 256
+CONTENT_MAX_BYTES = 1 * MiB
+METADATA_JSON_MAX_BYTES = 512 * KiB  # not in the contract; bounds parsing work before any field check
+TOOL_CALL_ID_MAX_BYTES = 256
+TAGS_MAX = 32
+TAG_MAX_BYTES = 128
+SUMMARY_MAX_BYTES = 4096
+RELATIONS_MAX = 32
+SOURCE_IDS_MAX = 64
+IMPORTANCE_MIN, IMPORTANCE_MAX, IMPORTANCE_DEFAULT = 0, 100, 50
+ULID_LEN = 26
+
+ROLES = ("user", "assistant", "system")
+MEMORY_TIERS = ("short", "mid", "long", "discard")
+MEMORY_TIER_DEFAULT = "short"
+MEMORY_KINDS = ("conversation", "episode", "semantic", "procedure", "preference", "summary")
+MEMORY_KIND_DEFAULT = "conversation"
+RELATION_TYPES = ("depends_on", "derived_from", "supersedes", "related_to")
+
+VIEWS = ("history", "content", "context", "sessions")
+VIEW_DEFAULT = "history"
+READ_LIMIT_MIN, READ_LIMIT_MAX, READ_LIMIT_DEFAULT = 1, 1000, 100
+CURSOR_MAX_BYTES = 1024
+CONTENT_LIMIT_MIN, CONTENT_LIMIT_MAX, CONTENT_LIMIT_DEFAULT = 1, 65536, 4096
+CONTEXT_BEFORE_MAX, CONTEXT_AFTER_MAX, CONTEXT_NEIGHBOURS_DEFAULT = 10, 10, 1
+RELATION_DEPTH_MAX, RELATION_DEPTH_DEFAULT = 2, 1
+RELATION_TYPES_JSON_MAX_BYTES = 4 * KiB
+CONTEXT_MESSAGE_CAP = 50
+
+QUERY_MIN_BYTES, QUERY_MAX_BYTES = 1, 4096
+FILTERS_JSON_MAX_BYTES = 16 * KiB
+CONTEXT_SIZE_MAX = 3
+SEARCH_LIMIT_MIN, SEARCH_LIMIT_MAX, SEARCH_LIMIT_DEFAULT = 1, 100, 20
+
+EXPECTED_REVISION_MIN = 1
+REVISION_MAX = 2**63 - 1
+
+# "Responses are cut within a budget of about 8 MiB."
+RESPONSE_BUDGET_BYTES = 8 * MiB
+
+# The wire: a request frame can carry a 1 MiB content plus its metadata and JSON escaping.
+MAX_REQUEST_BYTES = 4 * MiB
+MAX_NESTING_DEPTH = 8
+REQUEST_ID_MAX_BYTES = 64
+
+# How long a caller should wait before retrying a BUSY answer.
+BUSY_RETRY_AFTER_MS = 250

@@ -1,0 +1,374 @@
+"""Validation of every tool's arguments: untrusted input in, a normalised dict out.
+
+The daemon runs this on every request, so a front-end that forgets a check (or a client that
+talks to the daemon directly) cannot get bad data into the store. Errors name the field and the
+constraint and never contain the value that was sent.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Callable
+
+from . import limits as L
+from .errors import invalid
+
+_CROCKFORD = frozenset("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
+_SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+_MISSING = object()
+
+
+def utf8_len(s: str) -> int:
+    """Bytes of ``s`` as UTF-8; lone surrogates (which JSON can smuggle in) are refused."""
+    try:
+        return len(s.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise invalid("text must be valid Unicode (no lone surrogates)") from None
+
+
+def _name(key: Any) -> str:
+    return f"'{key}'" if isinstance(key, str) and _SAFE_NAME.match(key) else "(unprintable name)"
+
+
+def is_ulid(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == L.ULID_LEN
+        and value[0] in "01234567"
+        and all(c in _CROCKFORD for c in value.upper())
+    )
+
+
+def canonical_ulid(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise invalid(f"{field} must be a string (a 26-character ULID)")
+    up = value.upper()
+    if not is_ulid(up):
+        raise invalid(f"{field} must be a 26-character ULID (Crockford base32)")
+    return up
+
+
+def check_text(value: Any, field: str, min_bytes: int, max_bytes: int) -> str:
+    if not isinstance(value, str):
+        raise invalid(f"{field} must be a string")
+    n = utf8_len(value)
+    if n < min_bytes:
+        raise invalid(f"{field} must be at least {min_bytes} UTF-8 byte(s)")
+    if n > max_bytes:
+        raise invalid(f"{field} must be at most {max_bytes} UTF-8 bytes")
+    return value
+
+
+def check_int(value: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool):
+        raise invalid(f"{field} must be an integer")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise invalid(f"{field} must be an integer")
+        value = int(value)
+    if not isinstance(value, int):
+        raise invalid(f"{field} must be an integer")
+    if value < lo or value > hi:
+        raise invalid(f"{field} must be between {lo} and {hi}")
+    return value
+
+
+def check_enum(value: Any, field: str, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise invalid(f"{field} must be one of: {', '.join(allowed)}")
+    return value
+
+
+def parse_json_text(value: Any, field: str, max_bytes: int, kind: type) -> Any:
+    """Parse a JSON-in-a-string argument (``metadata_json`` and friends)."""
+    if not isinstance(value, str):
+        raise invalid(f"{field} must be a string containing JSON")
+    if utf8_len(value) > max_bytes:
+        raise invalid(f"{field} must be at most {max_bytes} UTF-8 bytes")
+    try:
+        parsed = json.loads(value)
+    except (ValueError, RecursionError):
+        raise invalid(f"{field} must be valid JSON") from None
+    if not isinstance(parsed, kind):
+        raise invalid(f"{field} must be a JSON {'object' if kind is dict else 'array'}")
+    return parsed
+
+
+class _Args:
+    """Reads one tool's arguments, remembering which were consumed so leftovers are refused."""
+
+    def __init__(self, args: Any, tool: str) -> None:
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise invalid(f"{tool} arguments must be an object")
+        for key in args:
+            if not isinstance(key, str):
+                raise invalid(f"{tool} argument names must be strings")
+        self.args = args
+        self.tool = tool
+        self.used: set[str] = set()
+
+    def get(self, name: str, check: Callable[[Any], Any], default: Any = _MISSING) -> Any:
+        self.used.add(name)
+        value = self.args.get(name, _MISSING)
+        if value is _MISSING or value is None:
+            if default is _MISSING:
+                raise invalid(f"{name} is required")
+            return default
+        return check(value)
+
+    def done(self, out: dict[str, Any]) -> dict[str, Any]:
+        for key in self.args:
+            if key not in self.used:
+                raise invalid(f"unknown parameter {_name(key)} for {self.tool}")
+        return out
+
+
+# --- metadata -----------------------------------------------------------------------------------
+
+METADATA_FIELDS = (
+    "tool_call_id", "tags", "memory_tier", "memory_kind", "importance", "summary", "relations",
+    "source_message_ids",
+)
+
+
+def _tags(value: Any, field: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise invalid(f"{field} must be an array of strings")
+    if len(value) > L.TAGS_MAX:
+        raise invalid(f"{field} must have at most {L.TAGS_MAX} items")
+    return tuple(check_text(t, f"{field} item", 1, L.TAG_MAX_BYTES) for t in value)
+
+
+def _relations(value: Any) -> tuple[tuple[str, str], ...]:
+    field = "metadata_json.relations"
+    if not isinstance(value, list):
+        raise invalid(f"{field} must be an array of {{type, message_id}} objects")
+    if len(value) > L.RELATIONS_MAX:
+        raise invalid(f"{field} must have at most {L.RELATIONS_MAX} items")
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or set(item) != {"type", "message_id"}:
+            raise invalid(f"{field} items must be objects with exactly 'type' and 'message_id'")
+        rtype = check_enum(item["type"], f"{field} type", L.RELATION_TYPES)
+        out.append((rtype, canonical_ulid(item["message_id"], f"{field} message_id")))
+    return tuple(out)
+
+
+def _source_ids(value: Any) -> tuple[str, ...]:
+    field = "metadata_json.source_message_ids"
+    if not isinstance(value, list):
+        raise invalid(f"{field} must be an array of ULIDs")
+    if len(value) > L.SOURCE_IDS_MAX:
+        raise invalid(f"{field} must have at most {L.SOURCE_IDS_MAX} items")
+    return tuple(canonical_ulid(v, f"{field} item") for v in value)
+
+
+def _optional_text(value: Any, field: str, max_bytes: int) -> str | None:
+    """``None`` or ``""`` unsets; the contract says an empty summary counts as not set."""
+    if value is None:
+        return None
+    text = check_text(value, field, 0, max_bytes)
+    return text or None
+
+
+def parse_metadata(text: Any, partial: bool) -> dict[str, Any]:
+    """Parse ``metadata_json``. ``partial`` (update) returns only the fields given, else all with defaults."""
+    obj = parse_json_text(text, "metadata_json", L.METADATA_JSON_MAX_BYTES, dict)
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        field = f"metadata_json.{key}" if _SAFE_NAME.match(key) else "metadata_json"
+        if key == "tool_call_id":
+            out[key] = _optional_text(value, field, L.TOOL_CALL_ID_MAX_BYTES)
+        elif key == "summary":
+            out[key] = _optional_text(value, field, L.SUMMARY_MAX_BYTES)
+        elif key == "tags":
+            out[key] = _tags(value, field)
+        elif key == "memory_tier":
+            out[key] = check_enum(value, field, L.MEMORY_TIERS)
+        elif key == "memory_kind":
+            out[key] = check_enum(value, field, L.MEMORY_KINDS)
+        elif key == "importance":
+            out[key] = check_int(value, field, L.IMPORTANCE_MIN, L.IMPORTANCE_MAX)
+        elif key == "relations":
+            out[key] = _relations(value)
+        elif key == "source_message_ids":
+            out[key] = _source_ids(value)
+        else:
+            raise invalid(f"metadata_json has an unknown field {_name(key)}; allowed: {', '.join(METADATA_FIELDS)}")
+    if not partial:
+        for key, default in DEFAULT_METADATA.items():
+            out.setdefault(key, default)
+    return out
+
+
+DEFAULT_METADATA: dict[str, Any] = {
+    "tool_call_id": None,
+    "tags": (),
+    "memory_tier": L.MEMORY_TIER_DEFAULT,
+    "memory_kind": L.MEMORY_KIND_DEFAULT,
+    "importance": L.IMPORTANCE_DEFAULT,
+    "summary": None,
+    "relations": (),
+    "source_message_ids": (),
+}
+
+
+# --- tools --------------------------------------------------------------------------------------
+
+def _session_id(v: Any) -> str:
+    return check_text(v, "session_id", 1, L.SESSION_ID_MAX_BYTES)
+
+
+def _message_id(v: Any) -> str:
+    return canonical_ulid(v, "message_id")
+
+
+def _revision(v: Any) -> int:
+    return check_int(v, "expected_revision", L.EXPECTED_REVISION_MIN, L.REVISION_MAX)
+
+
+def validate_write_message(raw: Any) -> dict[str, Any]:
+    a = _Args(raw, "write_message")
+    out = {
+        "session_id": a.get("session_id", _session_id),
+        "role": a.get("role", lambda v: check_enum(v, "role", L.ROLES)),
+        "content": a.get("content", lambda v: check_text(v, "content", 1, L.CONTENT_MAX_BYTES)),
+        "metadata": a.get("metadata_json", lambda v: parse_metadata(v, partial=False), None),
+    }
+    if out["metadata"] is None:
+        out["metadata"] = dict(DEFAULT_METADATA)
+    return a.done(out)
+
+
+def validate_update_message(raw: Any) -> dict[str, Any]:
+    a = _Args(raw, "update_message")
+    out = {
+        "message_id": a.get("message_id", _message_id),
+        "content": a.get("content", lambda v: check_text(v, "content", 1, L.CONTENT_MAX_BYTES), None),
+        "metadata": a.get("metadata_json", lambda v: parse_metadata(v, partial=True), None),
+        "expected_revision": a.get("expected_revision", _revision, None),
+    }
+    if out["content"] is None and out["metadata"] is None:
+        raise invalid("update_message needs content or metadata_json (at least one)")
+    return a.done(out)
+
+
+_VIEW_PARAMS = {
+    "history": {"session_id", "limit", "cursor"},
+    "sessions": {"limit", "cursor"},
+    "content": {"message_id", "content_offset", "content_limit", "expected_revision", "limit"},
+    "context": {"message_id", "before", "after", "relation_depth", "relation_types_json", "limit"},
+}
+
+
+def _relation_types(v: Any) -> tuple[str, ...]:
+    arr = parse_json_text(v, "relation_types_json", L.RELATION_TYPES_JSON_MAX_BYTES, list)
+    return tuple(check_enum(t, "relation_types_json item", L.RELATION_TYPES) for t in arr)
+
+
+def validate_read_messages(raw: Any) -> dict[str, Any]:
+    a = _Args(raw, "read_messages")
+    view = a.get("view", lambda v: check_enum(v, "view", L.VIEWS), L.VIEW_DEFAULT)
+    allowed = _VIEW_PARAMS[view]
+    for key in a.args:
+        if key != "view" and key not in allowed and a.args[key] is not None and key in _ALL_READ_PARAMS:
+            raise invalid(f"{key} is not used by the {view} view")
+    out: dict[str, Any] = {
+        "view": view,
+        "limit": a.get("limit", lambda v: check_int(v, "limit", L.READ_LIMIT_MIN, L.READ_LIMIT_MAX),
+                       L.READ_LIMIT_DEFAULT),
+    }
+    if view in ("history", "sessions"):
+        out["cursor"] = a.get("cursor", lambda v: check_text(v, "cursor", 1, L.CURSOR_MAX_BYTES), None)
+    if view == "history":
+        out["session_id"] = a.get("session_id", _session_id)
+    elif view == "content":
+        out["message_id"] = a.get("message_id", _message_id)
+        out["content_offset"] = a.get(
+            "content_offset", lambda v: check_int(v, "content_offset", 0, L.CONTENT_MAX_BYTES), 0)
+        out["content_limit"] = a.get(
+            "content_limit", lambda v: check_int(v, "content_limit", L.CONTENT_LIMIT_MIN, L.CONTENT_LIMIT_MAX),
+            L.CONTENT_LIMIT_DEFAULT)
+        out["expected_revision"] = a.get("expected_revision", _revision, None)
+    elif view == "context":
+        out["message_id"] = a.get("message_id", _message_id)
+        out["before"] = a.get("before", lambda v: check_int(v, "before", 0, L.CONTEXT_BEFORE_MAX),
+                              L.CONTEXT_NEIGHBOURS_DEFAULT)
+        out["after"] = a.get("after", lambda v: check_int(v, "after", 0, L.CONTEXT_AFTER_MAX),
+                             L.CONTEXT_NEIGHBOURS_DEFAULT)
+        out["relation_depth"] = a.get(
+            "relation_depth", lambda v: check_int(v, "relation_depth", 0, L.RELATION_DEPTH_MAX),
+            L.RELATION_DEPTH_DEFAULT)
+        out["relation_types"] = a.get("relation_types_json", _relation_types, L.RELATION_TYPES)
+    return a.done(out)
+
+
+_ALL_READ_PARAMS = set().union(*_VIEW_PARAMS.values())
+
+
+def _filters(v: Any) -> dict[str, Any]:
+    obj = parse_json_text(v, "filters_json", L.FILTERS_JSON_MAX_BYTES, dict)
+    out: dict[str, Any] = {"kinds": None, "tiers": None, "tags": ()}
+    for key, value in obj.items():
+        if key == "kinds" or key == "tiers":
+            allowed = L.MEMORY_KINDS if key == "kinds" else L.MEMORY_TIERS
+            if not isinstance(value, list):
+                raise invalid(f"filters_json.{key} must be an array of strings")
+            out[key] = frozenset(check_enum(x, f"filters_json.{key} item", allowed) for x in value)
+        elif key == "tags":
+            out["tags"] = _tags(value, "filters_json.tags")
+        else:
+            raise invalid(f"filters_json has an unknown field {_name(key)}; allowed: kinds, tiers, tags")
+    return out
+
+
+def validate_search_messages(raw: Any) -> dict[str, Any]:
+    a = _Args(raw, "search_messages")
+    out = {
+        "query": a.get("query", lambda v: check_text(v, "query", L.QUERY_MIN_BYTES, L.QUERY_MAX_BYTES)),
+        "session_id": a.get("session_id", _session_id, None),
+        "filters": a.get("filters_json", _filters, {"kinds": None, "tiers": None, "tags": ()}),
+        "min_importance": a.get(
+            "min_importance", lambda v: check_int(v, "min_importance", L.IMPORTANCE_MIN, L.IMPORTANCE_MAX), 0),
+        "context_size": a.get("context_size", lambda v: check_int(v, "context_size", 0, L.CONTEXT_SIZE_MAX), 0),
+        "limit": a.get("limit", lambda v: check_int(v, "limit", L.SEARCH_LIMIT_MIN, L.SEARCH_LIMIT_MAX),
+                       L.SEARCH_LIMIT_DEFAULT),
+    }
+    return a.done(out)
+
+
+def validate_delete_message(raw: Any) -> dict[str, Any]:
+    a = _Args(raw, "delete_message")
+    out = {"message_id": a.get("message_id", _message_id), "session_id": a.get("session_id", _session_id, None)}
+    return a.done(out)
+
+
+def validate_no_args(tool: str) -> Callable[[Any], dict[str, Any]]:
+    def check(raw: Any) -> dict[str, Any]:
+        return _Args(raw, tool).done({})
+    return check
+
+
+def validate_rebuild_status(raw: Any) -> dict[str, Any]:
+    a = _Args(raw, "rebuild_status")
+    return a.done({"rebuild_id": a.get("rebuild_id", lambda v: canonical_ulid(v, "rebuild_id"))})
+
+
+VALIDATORS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "write_message": validate_write_message,
+    "update_message": validate_update_message,
+    "read_messages": validate_read_messages,
+    "search_messages": validate_search_messages,
+    "delete_message": validate_delete_message,
+    "rebuild_index": validate_no_args("rebuild_index"),
+    "get_system_health": validate_no_args("get_system_health"),
+    "ping": validate_no_args("ping"),
+    "rebuild_status": validate_rebuild_status,
+}
+
+
+def validate(op: str, args: Any) -> dict[str, Any]:
+    return VALIDATORS[op](args)

@@ -1,0 +1,1 @@
+"""convmem's storage daemon: the only process that touches the data directory."""

@@ -1,0 +1,133 @@
+"""rebuild_index: compact the log to the live messages and rebuild the snapshot and search index.
+
+Split in two so that the daemon can run the slow part beside its request loop:
+``prepare`` (worker thread; the store is frozen for mutations, reads go on) writes the new log and
+snapshot beside the old ones and builds a new search index; ``install`` (request-loop thread)
+renames them into place, fsyncs the directory and swaps the in-memory parts. A crash at any point
+leaves either the old files or the new ones: the snapshot names the salt of the log it belongs to,
+so an old snapshot is never applied to a new log or the reverse.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import log as logfile
+from . import snapshot
+from .search import SearchIndex
+from .store import COMPACT_SUFFIX, Store
+
+WRITE_BATCH = 1 << 20
+
+
+@dataclass
+class Prepared:
+    salt: bytes
+    log_size: int
+    record_count: int
+    checkpoint_bytes: int
+    live_bytes: int
+    rec_sizes: list[int]
+    search: SearchIndex
+    messages_indexed: int
+    records_removed: int
+    bytes_before: int
+    seconds: float
+
+
+def prepare(store: Store, pause=lambda: None) -> Prepared:
+    """Write ``log.compact`` and ``snapshot.tmp``. ``pause`` is called between batches (lets the GIL go)."""
+    t0 = time.monotonic()
+    io = store.io
+    salt = os.urandom(16)
+    msgs = list(store.by_seq.values())
+    bytes_before = store.log_size()
+    tmp_log = store.log_path + COMPACT_SUFFIX
+    checkpoint = logfile.encode_record(salt, ["c", store.last_seq, store.clock.last_id, store.clock.last_ms,
+                                              [[rid, op, mid, rev] for rid, (op, mid, rev) in store.rids.items()]])
+    rec_sizes: list[int] = []
+    fd = io.open_new(tmp_log)
+    try:
+        io.write(fd, logfile.make_header(salt) + checkpoint)
+        size = logfile.HEADER_SIZE + len(checkpoint)
+        batch: list[bytes] = []
+        batch_len = 0
+        for m in msgs:
+            rec = logfile.encode_record(salt, ["w", None, m.fields()])
+            rec_sizes.append(len(rec))
+            batch.append(rec)
+            batch_len += len(rec)
+            if batch_len >= WRITE_BATCH:
+                io.write(fd, b"".join(batch))
+                size += batch_len
+                batch, batch_len = [], 0
+                pause()
+        if batch:
+            io.write(fd, b"".join(batch))
+            size += batch_len
+        io.sync(fd)
+    finally:
+        io.close(fd)
+    index = SearchIndex()
+    for i, m in enumerate(msgs):
+        index.add(m.seq, m.content, m.summary, m.tags)
+        if i % 2048 == 2047:
+            pause()
+    meta = store.snapshot_meta(salt, size)
+    meta["update_records"] = 0
+    meta["deleted_messages"] = 0
+    meta["record_count"] = len(msgs)
+    meta["checkpoint_bytes"] = len(checkpoint)
+    snap_fields = ([*m.fields(), rs] for m, rs in zip(msgs, rec_sizes))
+    snapshot.write_file(io, store.snapshot_path + snapshot.TMP_SUFFIX, meta, snap_fields, index.dump())
+    return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, index, len(msgs),
+                    max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0)
+
+
+def install(store: Store, p: Prepared) -> dict[str, Any]:
+    """Swap the prepared files and structures in. Returns the contract's result."""
+    io = store.io
+    tmp_snapshot = store.snapshot_path + snapshot.TMP_SUFFIX
+    io.replace(store.log_path + COMPACT_SUFFIX, store.log_path)
+    io.replace(tmp_snapshot, store.snapshot_path)
+    io.sync_dir(store.dir)
+    if store.writer is not None:
+        store.writer.close()
+    store.writer = logfile.LogWriter(io, store.log_path, p.salt, p.log_size)
+    store.salt = p.salt
+    for m, size in zip(store.by_seq.values(), p.rec_sizes):
+        m.rec_size = size
+    store.live_bytes = p.live_bytes
+    store.checkpoint_bytes = p.checkpoint_bytes
+    store.record_count = p.record_count
+    store.update_records = 0
+    store.deleted_messages = 0
+    store.search = p.search
+    store.snapshot_pos = p.log_size
+    store.snapshot_valid = True
+    return {
+        "status": "OK",
+        "messages_indexed": p.messages_indexed,
+        "records_removed": p.records_removed,
+        "bytes_before": p.bytes_before,
+        "bytes_after": p.log_size,
+    }
+
+
+def discard(store: Store) -> None:
+    """Remove the temporary files of a failed rebuild."""
+    for path in (store.log_path + COMPACT_SUFFIX, store.snapshot_path + snapshot.TMP_SUFFIX):
+        store.io.remove(path)
+
+
+def rebuild(store: Store) -> dict[str, Any]:
+    """The whole rebuild in the calling thread (tests, salvage)."""
+    store._check_writable()
+    try:
+        prepared = prepare(store)
+    except BaseException:
+        discard(store)
+        raise
+    return install(store, prepared)

@@ -1,0 +1,187 @@
+"""The append-only log: a salted header, then length- and checksum-framed msgpack records.
+
+Header (32 bytes): magic, format version, 16 random salt bytes, CRC32 of the above.
+Record: ``u32 length | u32 crc32(salt + length + payload) | payload``. The checksum covers the
+length, so a zero-filled tail never passes; it covers the salt, so a log (or a record) stored as
+text inside a message can never be mistaken for a record of this log.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import msgpack
+
+from protocol import limits as L
+
+from .fileio import FileIO
+
+MAGIC = b"CVMEMLOG"
+FORMAT_VERSION = 2
+HEADER = struct.Struct("<8sHH16s")          # magic, version, reserved, salt
+HEADER_SIZE = HEADER.size + 4               # + crc
+FRAME = struct.Struct("<II")                # length, crc
+FRAME_SIZE = FRAME.size
+MAX_PAYLOAD = L.CONTENT_MAX_BYTES * 2 + 256 * 1024  # a 1 MiB message, its metadata, and slack
+
+
+class LogCorrupt(Exception):
+    pass
+
+
+def make_header(salt: bytes) -> bytes:
+    head = HEADER.pack(MAGIC, FORMAT_VERSION, 0, salt)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def parse_header(buf) -> bytes:
+    """Return the salt, or raise LogCorrupt."""
+    if len(buf) < HEADER_SIZE:
+        raise LogCorrupt("log header is incomplete")
+    head = bytes(buf[:HEADER.size])
+    (crc,) = struct.unpack_from("<I", buf, HEADER.size)
+    magic, version, _, salt = HEADER.unpack(head)
+    if magic != MAGIC or zlib.crc32(head) != crc:
+        raise LogCorrupt("log header is damaged (bad magic or checksum)")
+    if version != FORMAT_VERSION:
+        raise LogCorrupt(f"log format version {version} is not supported (expected {FORMAT_VERSION})")
+    return salt
+
+
+def frame(salt: bytes, payload: bytes) -> bytes:
+    length = struct.pack("<I", len(payload))
+    crc = zlib.crc32(payload, zlib.crc32(length, zlib.crc32(salt)))
+    return length + struct.pack("<I", crc) + payload
+
+
+def encode_record(salt: bytes, record: list[Any]) -> bytes:
+    return frame(salt, msgpack.packb(record, use_bin_type=True))
+
+
+def _record_at(buf, salt_crc: int, pos: int, end: int):
+    """The payload view of a valid record at ``pos``, or None."""
+    if pos + FRAME_SIZE > end:
+        return None
+    length, crc = FRAME.unpack_from(buf, pos)
+    if length == 0 or length > MAX_PAYLOAD or pos + FRAME_SIZE + length > end:
+        return None
+    payload = memoryview(buf)[pos + FRAME_SIZE: pos + FRAME_SIZE + length]
+    if zlib.crc32(payload, zlib.crc32(buf[pos:pos + 4], salt_crc)) != crc:
+        return None
+    return payload
+
+
+@dataclass
+class ScanResult:
+    """Where a scan of the log stopped and why."""
+    end: int = HEADER_SIZE              # offset after the last good record read in order
+    damage: tuple[int, int] | None = None  # (start, resume) of unreadable bytes followed by good records
+    torn_tail: bool = False             # unreadable bytes at the very end (safe to cut off)
+    records: int = 0
+    resumed: list[int] = field(default_factory=list)
+
+
+def next_valid(buf, salt: bytes, start: int, end: int) -> int | None:
+    """The first offset after ``start`` at which a valid record begins (the resync a salvage needs)."""
+    salt_crc = zlib.crc32(salt)
+    for pos in range(start + 1, end - FRAME_SIZE + 1):
+        if _record_at(buf, salt_crc, pos, end) is not None:
+            return pos
+    return None
+
+
+def scan(buf, salt: bytes, start: int, result: ScanResult, resync: bool = False) -> Iterator[tuple[int, Any]]:
+    """Yield (framed size, decoded record) from ``start``. Fills ``result`` as it goes.
+
+    Without ``resync`` the scan stops at the first bad record: if nothing valid follows it, it is a
+    torn tail; if a valid record follows, the log is damaged in the middle and nothing after the
+    damage is guessed over. With ``resync`` (salvage) it skips the damage and goes on.
+    """
+    end = len(buf)
+    salt_crc = zlib.crc32(salt)
+    pos = start
+    result.end = pos
+    while pos < end:
+        payload = _record_at(buf, salt_crc, pos, end)
+        record = None
+        if payload is not None:
+            try:
+                record = msgpack.unpackb(payload, raw=False, use_list=True)
+            except Exception:
+                record = None
+            if not isinstance(record, list) or not record or not isinstance(record[0], str):
+                record = None
+        if record is None:
+            resume = next_valid(buf, salt, pos, end)
+            if resume is None:
+                result.torn_tail = True
+                return
+            if result.damage is None:
+                result.damage = (pos, resume)
+            if not resync:
+                return
+            result.resumed.append(resume)
+            pos = resume
+            continue
+        size = FRAME_SIZE + len(payload)
+        yield size, record
+        pos += size
+        result.records += 1
+        result.end = pos
+
+
+class LogWriter:
+    """Appends records durably: a reply is sent only after ``append`` returned."""
+
+    def __init__(self, io: FileIO, path: str, salt: bytes, size: int) -> None:
+        self.io = io
+        self.path = path
+        self.salt = salt
+        self.size = size
+        self.fd = io.open_append(path)
+
+    @classmethod
+    def create(cls, io: FileIO, path: str) -> "LogWriter":
+        """A new, empty log with a fresh salt, made durable before it is used."""
+        salt = os.urandom(16)
+        fd = io.open_new(path)
+        try:
+            io.write(fd, make_header(salt))
+            io.sync(fd)
+        finally:
+            io.close(fd)
+        io.sync_dir(os.path.dirname(path) or ".")
+        return cls(io, path, salt, HEADER_SIZE)
+
+    def append(self, data: bytes) -> int:
+        """Write and fdatasync; on failure cut the file back so no partial record stays behind.
+
+        Returns the offset the record was written at. Raises OSError if the write or the sync
+        failed (the record is then not in the log); raises LogWriterBroken if even the cut-back
+        failed, after which nothing more may be appended.
+        """
+        offset = self.size
+        try:
+            self.io.write(self.fd, data)
+            self.io.sync(self.fd)
+        except OSError:
+            try:
+                self.io.truncate(self.fd, offset)
+                self.io.sync(self.fd)
+            except OSError as exc:
+                raise LogWriterBroken(f"log could not be restored after a failed append: {exc}") from exc
+            raise
+        self.size = offset + len(data)
+        return offset
+
+    def close(self) -> None:
+        if self.fd is not None:
+            self.io.close(self.fd)
+            self.fd = None
+
+
+class LogWriterBroken(OSError):
+    pass

@@ -1,0 +1,109 @@
+"""The in-memory message: one slotted object per message, no per-message dicts.
+
+A message is stored as flat fields (tuples for lists) so that a million of them cost little more
+than their text. ``to_dict`` builds the contract's Message object only when a reply needs it.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+class Message:
+    __slots__ = (
+        "message_id", "session_id", "seq", "timestamp", "role", "content", "revision", "updated_at",
+        "tool_call_id", "tags", "tier", "kind", "importance", "summary", "relations", "source_ids",
+        "rec_size",
+    )
+
+    def __init__(self, message_id: str, session_id: str, seq: int, timestamp: int, role: str, content: str,
+                 revision: int, updated_at: int, tool_call_id: str | None, tags: tuple, tier: str, kind: str,
+                 importance: int, summary: str | None, relations: tuple, source_ids: tuple,
+                 rec_size: int = 0) -> None:
+        self.message_id = message_id
+        self.session_id = session_id
+        self.seq = seq
+        self.timestamp = timestamp
+        self.role = role
+        self.content = content
+        self.revision = revision
+        self.updated_at = updated_at
+        self.tool_call_id = tool_call_id
+        self.tags = tags
+        self.tier = tier
+        self.kind = kind
+        self.importance = importance
+        self.summary = summary
+        self.relations = relations
+        self.source_ids = source_ids
+        self.rec_size = rec_size  # bytes of the log record holding this message's current state
+
+    # -- the record form: a flat list, the order fixed by FIELDS --
+    def fields(self) -> list[Any]:
+        return [
+            self.message_id, self.session_id, self.seq, self.timestamp, self.role, self.content,
+            self.revision, self.updated_at, self.tool_call_id, list(self.tags), self.tier, self.kind,
+            self.importance, self.summary, [list(r) for r in self.relations], list(self.source_ids),
+        ]
+
+    @classmethod
+    def from_fields(cls, f: list[Any], rec_size: int = 0) -> "Message":
+        return cls(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], tuple(f[9]), f[10], f[11], f[12],
+                   f[13], tuple((r[0], r[1]) for r in f[14]), tuple(f[15]), rec_size)
+
+    def metadata(self) -> dict[str, Any]:
+        md: dict[str, Any] = {}
+        if self.tool_call_id is not None:
+            md["tool_call_id"] = self.tool_call_id
+        md["tags"] = list(self.tags)
+        md["memory_tier"] = self.tier
+        md["memory_kind"] = self.kind
+        md["importance"] = self.importance
+        if self.summary is not None:
+            md["summary"] = self.summary
+        md["relations"] = [{"type": t, "message_id": m} for t, m in self.relations]
+        md["source_message_ids"] = list(self.source_ids)
+        return md
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "session_id": self.session_id,
+            "timestamp": self.timestamp,
+            "role": self.role,
+            "content": self.content,
+            "revision": self.revision,
+            "updated_at": self.updated_at,
+            "metadata": self.metadata(),
+        }
+
+    def metadata_values(self) -> dict[str, Any]:
+        """The metadata in validation's normalised form, to merge a partial update into."""
+        return {
+            "tool_call_id": self.tool_call_id, "tags": self.tags, "memory_tier": self.tier,
+            "memory_kind": self.kind, "importance": self.importance, "summary": self.summary,
+            "relations": self.relations, "source_message_ids": self.source_ids,
+        }
+
+    def body_bytes(self) -> int:
+        return sys.getsizeof(self.content)
+
+    def metadata_bytes(self) -> int:
+        n = sys.getsizeof(self.tags) + sum(sys.getsizeof(t) for t in self.tags)
+        n += sys.getsizeof(self.relations) + sum(sys.getsizeof(r) + sys.getsizeof(r[1]) for r in self.relations)
+        n += sys.getsizeof(self.source_ids) + sum(sys.getsizeof(s) for s in self.source_ids)
+        if self.summary is not None:
+            n += sys.getsizeof(self.summary)
+        if self.tool_call_id is not None:
+            n += sys.getsizeof(self.tool_call_id)
+        return n
+
+    def entry_bytes(self) -> int:
+        return sys.getsizeof(self) + sys.getsizeof(self.message_id)
+
+
+def message_from_args(message_id: str, session_id: str, seq: int, ts: int, role: str, content: str,
+                      md: dict[str, Any]) -> Message:
+    return Message(message_id, session_id, seq, ts, role, content, 1, ts, md["tool_call_id"], tuple(md["tags"]),
+                   md["memory_tier"], md["memory_kind"], md["importance"], md["summary"],
+                   tuple(md["relations"]), tuple(md["source_message_ids"]))

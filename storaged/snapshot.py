@@ -1,0 +1,109 @@
+"""The snapshot: the whole in-memory state at one log position, so start-up need not replay it all.
+
+It is only an accelerator — the log alone always holds the full state — so a snapshot that fails
+its checksum, or that belongs to another log (a different salt), is ignored and the log replayed.
+
+Layout: ``magic | version`` then a stream of msgpack objects (meta, message chunks, search index),
+then a trailer ``u64 body length | u32 crc32(body) | end magic``. Written in chunks (so a rebuild
+worker never holds the GIL for long) to a temporary file, fsync'ed, renamed into place.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from typing import Any, Iterable
+
+import msgpack
+
+from .fileio import FileIO
+
+MAGIC = b"CVMEMSNP"
+END_MAGIC = b"CVMEMEND"
+VERSION = 2
+HEAD = struct.Struct("<8sHH")
+TRAILER = struct.Struct("<QI8s")
+CHUNK = 4096
+TMP_SUFFIX = ".tmp"
+
+
+class SnapshotInvalid(Exception):
+    pass
+
+
+def write(io: FileIO, path: str, meta: dict[str, Any], messages: Iterable[list[Any]], search_dump: Any) -> int:
+    """Write atomically (temporary file, fsync, rename, fsync the directory); returns the size."""
+    tmp = path + TMP_SUFFIX
+    size = write_file(io, tmp, meta, messages, search_dump)
+    io.replace(tmp, path)
+    io.sync_dir(os.path.dirname(path) or ".")
+    return size
+
+
+def write_file(io: FileIO, tmp: str, meta: dict[str, Any], messages: Iterable[list[Any]], search_dump: Any) -> int:
+    """Write and fsync ``tmp`` (not yet in place). ``meta`` gains ``chunks``."""
+    packer = msgpack.Packer(use_bin_type=True)
+    chunks: list[bytes] = []
+    batch: list[list[Any]] = []
+    for fields in messages:
+        batch.append(fields)
+        if len(batch) >= CHUNK:
+            chunks.append(packer.pack(batch))
+            batch = []
+    if batch:
+        chunks.append(packer.pack(batch))
+    meta = dict(meta, chunks=len(chunks))
+    fd = io.open_new(tmp)
+    crc = 0
+    length = 0
+    try:
+        io.write(fd, HEAD.pack(MAGIC, VERSION, 0))
+        pending: list[bytes] = []
+        pending_len = 0
+        for part in [packer.pack(meta), *chunks, packer.pack(search_dump)]:
+            crc = zlib.crc32(part, crc)
+            length += len(part)
+            pending.append(part)
+            pending_len += len(part)
+            if pending_len >= (1 << 20):
+                io.write(fd, b"".join(pending))
+                pending, pending_len = [], 0
+        pending.append(TRAILER.pack(length, crc, END_MAGIC))
+        io.write(fd, b"".join(pending))
+        io.sync(fd)
+    finally:
+        io.close(fd)
+    return HEAD.size + length + TRAILER.size
+
+
+def read(io: FileIO, path: str) -> tuple[dict[str, Any], list[list[Any]], Any]:
+    """(meta, message field lists, search dump); raises SnapshotInvalid."""
+    buf = io.read_all(path)
+    try:
+        if len(buf) < HEAD.size + TRAILER.size:
+            raise SnapshotInvalid("snapshot is too short")
+        magic, version, _ = HEAD.unpack_from(buf, 0)
+        length, crc, end_magic = TRAILER.unpack_from(buf, len(buf) - TRAILER.size)
+        if magic != MAGIC or end_magic != END_MAGIC or version != VERSION:
+            raise SnapshotInvalid("snapshot has a bad magic number or version")
+        if HEAD.size + length + TRAILER.size != len(buf):
+            raise SnapshotInvalid("snapshot length does not match its trailer")
+        body = memoryview(buf)[HEAD.size: HEAD.size + length]
+        if zlib.crc32(body) != crc:
+            raise SnapshotInvalid("snapshot checksum does not match")
+        unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=len(body) + 1)
+        unpacker.feed(body)
+        meta = unpacker.unpack()
+        messages: list[list[Any]] = []
+        for _ in range(meta["chunks"]):
+            messages.extend(unpacker.unpack())
+        search_dump = unpacker.unpack()
+        body.release()
+        return meta, messages, search_dump
+    except SnapshotInvalid:
+        raise
+    except Exception as exc:  # a checksum collision or a bug must not stop the start: replay instead
+        raise SnapshotInvalid(f"snapshot could not be decoded: {type(exc).__name__}") from None
+    finally:
+        if hasattr(buf, "close"):
+            buf.close()

@@ -1,0 +1,442 @@
+"""The store: the in-memory state, its recovery from disk, and every mutation.
+
+State changes happen in exactly one way: a record is appended to the log and made durable, and
+then the same ``_apply_*`` function that replays the log at start applies it in memory. So what a
+reply said and what a restart finds can never differ.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections import OrderedDict
+from typing import Any
+
+from protocol import errors as E
+from protocol.errors import ProtocolError
+
+from . import log as logfile
+from . import snapshot
+from .fileio import FileIO
+from .idgen import IdClock
+from .indexes import RelationIndex, Session
+from .model import Message, message_from_args
+from .search import SearchIndex
+
+LOG = logging.getLogger("convmem.storaged")
+
+LOG_NAME = "log"
+SNAPSHOT_NAME = "snapshot"
+COMPACT_SUFFIX = ".compact"
+CURSOR_KEY_NAME = "cursor.key"
+# Request ids remembered for exactly-once retries. A retry comes seconds after its original, so
+# this window is generous; it is kept durably (log records, snapshot, the compacted log).
+RID_WINDOW = 16384
+
+
+class Store:
+    def __init__(self, data_dir: str, io: FileIO | None = None) -> None:
+        self.dir = os.path.abspath(data_dir)
+        self.io = io or FileIO()
+        self.log_path = os.path.join(self.dir, LOG_NAME)
+        self.snapshot_path = os.path.join(self.dir, SNAPSHOT_NAME)
+        # state
+        self.by_id: dict[str, Message] = {}
+        self.by_seq: dict[int, Message] = {}
+        self.sessions: dict[str, Session] = {}
+        self.relations = RelationIndex()
+        self.search = SearchIndex()
+        self.clock = IdClock()
+        self.rids: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
+        self.last_seq = 0
+        # log accounting (the current log file only)
+        self.update_records = 0
+        self.deleted_messages = 0
+        self.record_count = 0
+        self.live_bytes = 0
+        self.checkpoint_bytes = 0
+        # memory accounting, maintained on insert/remove
+        self.body_bytes = 0
+        self.metadata_bytes = 0
+        self.entry_bytes = 0
+        # health
+        self.recovered_tail = False
+        self.snapshot_valid = True
+        self.last_error = ""
+        self.corrupt: str | None = None   # mutations refused with CORRUPT_STORE while set
+        self.broken: str | None = None    # mutations refused with IO_ERROR while set
+        self.rebuilding = False
+        self.writer: logfile.LogWriter | None = None
+        self.salt = b""
+        self.snapshot_pos = -1            # log size the snapshot on disk covers (-1: none for this log)
+        self.cursor_key = b""
+        self.sessions_order_cache: list[tuple[int, str]] | None = None
+
+    # ------------------------------------------------------------------ opening and recovery
+    @classmethod
+    def open(cls, data_dir: str, io: FileIO | None = None, salvage: bool = False) -> "Store":
+        store = cls(data_dir, io)
+        store._recover(salvage)
+        return store
+
+    def _recover(self, salvage: bool) -> None:
+        io = self.io
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        for leftover in (self.log_path + COMPACT_SUFFIX, self.snapshot_path + snapshot.TMP_SUFFIX,
+                         os.path.join(self.dir, CURSOR_KEY_NAME) + ".tmp"):
+            if io.exists(leftover):
+                LOG.info("removing leftover %s of an interrupted write", os.path.basename(leftover))
+                io.remove(leftover)
+        self._load_cursor_key()
+        if not io.exists(self.log_path) or (io.size(self.log_path) == 0 and not io.exists(self.snapshot_path)):
+            self.writer = logfile.LogWriter.create(io, self.log_path)
+            self.salt = self.writer.salt
+            self.record_count = 0
+            return
+        buf = io.read_all(self.log_path)
+        try:
+            self._replay(buf, salvage)
+        finally:
+            if hasattr(buf, "close"):
+                buf.close()
+
+    def _load_cursor_key(self) -> None:
+        path = os.path.join(self.dir, CURSOR_KEY_NAME)
+        if self.io.exists(path):
+            key = bytes(self.io.read_all(path))
+            if len(key) == 32:
+                self.cursor_key = key
+                return
+        self.cursor_key = os.urandom(32)
+        self.io.write_file_atomic(path, self.cursor_key)
+
+    def _replay(self, buf, salvage: bool) -> None:
+        try:
+            salt = logfile.parse_header(buf)
+        except logfile.LogCorrupt as exc:
+            self._set_corrupt(f"{exc}; bytes 0-{min(len(buf), logfile.HEADER_SIZE)} of the log; nothing could be read")
+            return
+        self.salt = salt
+        start = logfile.HEADER_SIZE
+        if self.io.exists(self.snapshot_path):
+            start = self._load_snapshot(salt, len(buf))
+        result = logfile.ScanResult()
+        for size, record in logfile.scan(buf, salt, start, result, resync=salvage):
+            self._apply_record(record, size)
+        end = result.end
+        if result.damage is not None and not salvage:
+            a, b = result.damage
+            self._set_corrupt(
+                f"log damaged at bytes {a}-{b} (of {len(buf)}); serving the {result.records} records before it; "
+                f"mutations are refused until `convmem-storaged --salvage` repairs the log")
+            LOG.error("%s", self.last_error)
+            return
+        if result.torn_tail and not salvage:
+            LOG.warning("cutting off a torn record at the end of the log (bytes %d-%d)", end, len(buf))
+            fd = self.io.open_append(self.log_path, create=False)
+            try:
+                self.io.truncate(fd, end)
+                self.io.sync(fd)
+            finally:
+                self.io.close(fd)
+            self.recovered_tail = True
+        if salvage:
+            return
+        self.writer = logfile.LogWriter(self.io, self.log_path, salt, end)
+
+    def _load_snapshot(self, salt: bytes, log_size: int) -> int:
+        try:
+            meta, messages, search_dump = snapshot.read(self.io, self.snapshot_path)
+            if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
+                raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
+            self.search = SearchIndex.load(search_dump)
+        except snapshot.SnapshotInvalid as exc:
+            LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
+            self.snapshot_valid = False
+            self.search = SearchIndex()
+            return logfile.HEADER_SIZE
+        self.last_seq = meta["last_seq"]
+        last_id, last_ms = meta["clock"]
+        if last_id:
+            self.clock.observe_id(last_id)
+        self.clock.observe_ms(last_ms)
+        self.update_records = meta["update_records"]
+        self.deleted_messages = meta["deleted_messages"]
+        self.record_count = meta["record_count"]
+        self.checkpoint_bytes = meta["checkpoint_bytes"]
+        for rid, op, mid, rev in meta["rids"]:
+            self.rids[rid] = (op, mid, rev)
+        for fields in messages:
+            self._insert(Message.from_fields(fields, fields[16]), index_search=False)
+        self.snapshot_pos = meta["log_pos"]
+        return meta["log_pos"]
+
+    def _set_corrupt(self, message: str) -> None:
+        self.corrupt = message
+        self.last_error = message
+
+    # ------------------------------------------------------------------ applying records
+    def _apply_record(self, rec: list[Any], size: int) -> None:
+        """Replay one record. Records that contradict the state are skipped (only salvage meets them)."""
+        kind = rec[0]
+        if kind != "c":
+            self.record_count += 1  # message records only: what records_removed is counted against
+        if kind == "w":
+            msg = Message.from_fields(rec[2], size)
+            if msg.message_id in self.by_id:
+                return
+            self._insert(msg)
+            self._after_record(rec[1], "w", msg.message_id, msg.revision, msg.seq)
+            self.clock.observe_id(msg.message_id)
+            self.clock.observe_ms(msg.updated_at)
+        elif kind == "u":
+            old = self.by_id.get(rec[3][0])
+            if old is None:
+                return
+            msg = Message.from_fields(rec[3], size)
+            self._replace(old, msg)
+            self.update_records += 1
+            self._after_record(rec[1], "u", msg.message_id, msg.revision, rec[2])
+            self.clock.observe_ms(msg.updated_at)
+        elif kind == "d":
+            old = self.by_id.get(rec[3])
+            if old is None:
+                return
+            self._remove(old)
+            self.deleted_messages += 1
+            self._after_record(rec[1], "d", old.message_id, 0, rec[2])
+        elif kind == "c":
+            _, last_seq, last_id, last_ms, rids = rec
+            self.last_seq = max(self.last_seq, last_seq)
+            if last_id:
+                self.clock.observe_id(last_id)
+            self.clock.observe_ms(last_ms)
+            for rid, op, mid, rev in rids:
+                self._remember(rid, op, mid, rev)
+            self.checkpoint_bytes = size
+
+    def _after_record(self, rid: str | None, op: str, mid: str, rev: int, seq: int) -> None:
+        if seq > self.last_seq:
+            self.last_seq = seq
+        if rid:
+            self._remember(rid, op, mid, rev)
+
+    def _remember(self, rid: str, op: str, mid: str, rev: int) -> None:
+        self.rids[rid] = (op, mid, rev)
+        self.rids.move_to_end(rid)
+        while len(self.rids) > RID_WINDOW:
+            self.rids.popitem(last=False)
+
+    def _insert(self, msg: Message, index_search: bool = True) -> None:
+        self.by_id[msg.message_id] = msg
+        self.by_seq[msg.seq] = msg
+        session = self.sessions.get(msg.session_id)
+        if session is None:
+            session = self.sessions[msg.session_id] = Session()
+            self.sessions_order_cache = None
+        elif session.seqs and msg.seq < session.seqs[0]:
+            self.sessions_order_cache = None
+        session.add(msg)
+        self.relations.add(msg)
+        if index_search:
+            self.search.add(msg.seq, msg.content, msg.summary, msg.tags)
+        self.live_bytes += msg.rec_size
+        self.body_bytes += msg.body_bytes()
+        self.metadata_bytes += msg.metadata_bytes()
+        self.entry_bytes += msg.entry_bytes()
+
+    def _remove(self, msg: Message, keep_slot: bool = False) -> None:
+        del self.by_id[msg.message_id]
+        if not keep_slot:
+            del self.by_seq[msg.seq]
+        session = self.sessions[msg.session_id]
+        first = session.seqs[0] == msg.seq
+        session.remove(msg)
+        if not session.seqs:
+            del self.sessions[msg.session_id]
+            self.sessions_order_cache = None
+        elif first:
+            self.sessions_order_cache = None
+        self.relations.remove(msg)
+        self.search.remove(msg.seq)
+        self.live_bytes -= msg.rec_size
+        self.body_bytes -= msg.body_bytes()
+        self.metadata_bytes -= msg.metadata_bytes()
+        self.entry_bytes -= msg.entry_bytes()
+
+    def _replace(self, old: Message, new: Message) -> None:
+        # by_seq keeps its slot so that iterating it stays in creation order (the rebuild relies on it)
+        self._remove(old, keep_slot=True)
+        self._insert(new)
+
+    # ------------------------------------------------------------------ mutations
+    def _check_writable(self) -> None:
+        if self.corrupt is not None:
+            raise ProtocolError(E.CORRUPT_STORE, "the log is damaged; mutations are refused until it is salvaged")
+        if self.broken is not None:
+            raise ProtocolError(E.IO_ERROR, "the log cannot be written safely since an earlier I/O failure; "
+                                            "restart the daemon")
+        if self.rebuilding:
+            raise ProtocolError(E.BUSY, "rebuild_index is running; retry shortly", retry_after_ms=250)
+
+    def _append(self, record: list[Any]) -> int:
+        """Append durably; returns the framed size. A failure changes nothing and raises IO_ERROR."""
+        data = logfile.encode_record(self.salt, record)
+        try:
+            self.writer.append(data)
+        except logfile.LogWriterBroken as exc:
+            self.broken = str(exc)
+            self.last_error = f"log append failed and could not be undone: {exc.strerror or exc}"
+            LOG.error("%s", self.last_error)
+            raise ProtocolError(E.IO_ERROR, "the log write failed and the log could not be restored") from None
+        except OSError as exc:
+            self.last_error = f"log append failed ({exc.strerror or exc}); the request was not applied"
+            LOG.error("%s", self.last_error)
+            raise ProtocolError(E.IO_ERROR, "the log write or flush failed; nothing was stored") from None
+        self.record_count += 1
+        return len(data)
+
+    def _repeat(self, rid: str | None, op: str) -> dict[str, Any] | None:
+        """The first result of a request id seen before, or None if it is new."""
+        if not rid or rid not in self.rids:
+            return None
+        first_op, mid, _rev = self.rids[rid]
+        if first_op != op:
+            raise ProtocolError(E.VALIDATION_ERROR, "request_id was already used by a different operation")
+        if op == "d":
+            return {"status": "OK"}
+        msg = self.by_id.get(mid)
+        if msg is None:
+            raise ProtocolError(E.NOT_FOUND, "this request was already applied, and its message has since "
+                                             "been deleted")
+        reply: dict[str, Any] = {"status": "OK"}
+        if op == "u":
+            reply["changed"] = True
+        reply["message"] = msg.to_dict()
+        return reply
+
+    def write_message(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
+        self._check_writable()
+        repeat = self._repeat(rid, "w")
+        if repeat is not None:
+            return repeat
+        message_id, ts = self.clock.new_id()
+        seq = self.last_seq + 1
+        msg = message_from_args(message_id, args["session_id"], seq, ts, args["role"], args["content"],
+                                args["metadata"])
+        msg.rec_size = self._append(["w", rid, msg.fields()])
+        self._insert(msg)
+        self._after_record(rid, "w", message_id, 1, seq)
+        return {"status": "OK", "message": msg.to_dict()}
+
+    def update_message(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
+        self._check_writable()
+        repeat = self._repeat(rid, "u")
+        if repeat is not None:
+            return repeat
+        old = self.by_id.get(args["message_id"])
+        if old is None:
+            raise ProtocolError(E.NOT_FOUND, "message_id names no live message")
+        if args["expected_revision"] is not None and args["expected_revision"] != old.revision:
+            raise ProtocolError(E.CONFLICT, "expected_revision does not match the message's current revision")
+        md = old.metadata_values()
+        if args["metadata"]:
+            md.update(args["metadata"])
+        content = args["content"] if args["content"] is not None else old.content
+        if content == old.content and md == old.metadata_values():
+            return {"status": "OK", "changed": False, "message": old.to_dict()}
+        seq = self.last_seq + 1
+        new = message_from_args(old.message_id, old.session_id, old.seq, old.timestamp, old.role, content, md)
+        new.revision = old.revision + 1
+        new.updated_at = self.clock.now_ms()
+        new.rec_size = self._append(["u", rid, seq, new.fields()])
+        self._replace(old, new)
+        self.update_records += 1
+        self._after_record(rid, "u", new.message_id, new.revision, seq)
+        return {"status": "OK", "changed": True, "message": new.to_dict()}
+
+    def delete_message(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
+        self._check_writable()
+        repeat = self._repeat(rid, "d")
+        if repeat is not None:
+            return repeat
+        msg = self.by_id.get(args["message_id"])
+        if msg is None or (args["session_id"] is not None and args["session_id"] != msg.session_id):
+            return {"status": "NOT_FOUND"}
+        seq = self.last_seq + 1
+        self._append(["d", rid, seq, msg.message_id])
+        self._remove(msg)
+        self.deleted_messages += 1
+        self._after_record(rid, "d", msg.message_id, 0, seq)
+        return {"status": "OK"}
+
+    # ------------------------------------------------------------------ snapshot and health
+    def snapshot_meta(self, salt: bytes, log_pos: int) -> dict[str, Any]:
+        return {
+            "log_salt": salt, "log_pos": log_pos, "last_seq": self.last_seq,
+            "clock": [self.clock.last_id, self.clock.last_ms],
+            "update_records": self.update_records, "deleted_messages": self.deleted_messages,
+            "record_count": self.record_count, "checkpoint_bytes": self.checkpoint_bytes,
+            "rids": [[rid, op, mid, rev] for rid, (op, mid, rev) in self.rids.items()],
+        }
+
+    def write_snapshot(self) -> bool:
+        """Save the state for a fast next start (at a clean stop). Skipped when nothing changed."""
+        if self.writer is None or self.corrupt or self.broken:
+            return False
+        if self.snapshot_pos == self.writer.size:
+            return False
+        msgs = ([*m.fields(), m.rec_size] for m in self.by_seq.values())
+        snapshot.write(self.io, self.snapshot_path, self.snapshot_meta(self.salt, self.writer.size), msgs,
+                       self.search.dump())
+        self.snapshot_pos = self.writer.size
+        return True
+
+    def log_size(self) -> int:
+        return self.writer.size if self.writer is not None else self.io.size(self.log_path)
+
+    def dead_bytes(self) -> int:
+        size = self.log_size()
+        if size == 0:
+            return 0
+        return max(0, size - logfile.HEADER_SIZE - self.live_bytes - self.checkpoint_bytes)
+
+    def health(self) -> dict[str, Any]:
+        search_bytes = self.search.memory_bytes()
+        history = sys.getsizeof(self.sessions) + sum(
+            sys.getsizeof(k) + s.size_bytes() for k, s in self.sessions.items())
+        relation = self.relations.size_bytes()
+        entries = self.entry_bytes + sys.getsizeof(self.by_id) + sys.getsizeof(self.by_seq) + sys.getsizeof(
+            self.rids) + len(self.rids) * 200
+        memory = {
+            "store_entries_bytes": entries,
+            "body_bytes": self.body_bytes,
+            "metadata_bytes": self.metadata_bytes,
+            "search_index_bytes": search_bytes,
+            "history_index_bytes": history,
+            "relation_index_bytes": relation,
+        }
+        memory = {"total_bytes": sum(memory.values()), **memory}
+        return {
+            "status": "DEGRADED" if self.last_error else "OK",
+            "format_version": logfile.FORMAT_VERSION,
+            "log_size": self.log_size(),
+            "snapshot_size": self.io.size(self.snapshot_path),
+            "active_messages": len(self.by_id),
+            "session_count": len(self.sessions),
+            "deleted_messages": self.deleted_messages,
+            "last_sequence": self.last_seq,
+            "update_records": self.update_records,
+            "dead_bytes": self.dead_bytes(),
+            "memory_estimate": memory,
+            "io": self.io.counters.as_dict(),
+            "recovered_tail": self.recovered_tail,
+            "snapshot_valid": self.snapshot_valid,
+            "last_error": self.last_error,
+        }
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+

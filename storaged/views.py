@@ -1,0 +1,307 @@
+"""The read side: read_messages' four views and search_messages, as the contract shapes them.
+
+Nothing here changes stored state (not even a counter). Every list is cut within the response
+budget; the first item of a page is always served, so paging can never stall.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from protocol import errors as E
+from protocol import limits as L
+from protocol.errors import ProtocolError, invalid
+
+from . import cursor
+from .model import Message
+from .store import Store
+
+_MESSAGE_OVERHEAD = 420  # the JSON keys and punctuation of a Message object with empty metadata
+
+
+def text_json_bytes(s: str) -> int:
+    """A close upper estimate of ``s`` as a JSON string (UTF-8, escapes) without encoding it twice."""
+    n = len(s)
+    if s.isascii():
+        base = n
+    else:
+        base = len(s.encode("utf-8", "surrogatepass"))
+    return base + 2 + s.count('"') + s.count("\\") + s.count("\n") + s.count("\r") + s.count("\t")
+
+
+def message_json_bytes(m: Message) -> int:
+    n = _MESSAGE_OVERHEAD + text_json_bytes(m.content) + len(m.session_id.encode("utf-8")) * 2
+    if m.summary is not None:
+        n += text_json_bytes(m.summary)
+    if m.tool_call_id is not None:
+        n += text_json_bytes(m.tool_call_id)
+    n += sum(text_json_bytes(t) + 1 for t in m.tags)
+    n += len(m.relations) * 64 + len(m.source_ids) * 29
+    return n
+
+
+def read_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+    return _VIEWS[a["view"]](store, a)
+
+
+def _live(store: Store, message_id: str) -> Message:
+    msg = store.by_id.get(message_id)
+    if msg is None:
+        raise ProtocolError(E.NOT_FOUND, "message_id names no live message")
+    return msg
+
+
+# -- history --------------------------------------------------------------------------------------
+def history(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+    sid = a["session_id"]
+    after = 0
+    if a["cursor"] is not None:
+        (after,) = _position(cursor.decode(store.cursor_key, a["cursor"], "history", sid), 1)
+    session = store.sessions.get(sid)
+    seqs = session.seqs if session is not None else []
+    i = bisect.bisect_right(seqs, after)
+    out: list[dict[str, Any]] = []
+    used = 0
+    while i < len(seqs) and len(out) < a["limit"]:
+        msg = store.by_seq[seqs[i]]
+        size = message_json_bytes(msg)
+        if out and used + size > L.RESPONSE_BUDGET_BYTES:
+            break
+        out.append(msg.to_dict())
+        used += size
+        i += 1
+    reply: dict[str, Any] = {"history": out}
+    if i < len(seqs):
+        reply["nextCursor"] = cursor.encode(store.cursor_key, "history", sid, [seqs[i - 1]])
+    return reply
+
+
+def _position(pos: Any, n: int) -> list[Any]:
+    if not isinstance(pos, list) or len(pos) != n:
+        raise invalid("cursor is malformed")
+    return pos
+
+
+# -- content --------------------------------------------------------------------------------------
+def content(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+    msg = _live(store, a["message_id"])
+    if a["expected_revision"] is not None and a["expected_revision"] != msg.revision:
+        raise ProtocolError(E.CONFLICT, "expected_revision does not match the message's current revision")
+    data = msg.content.encode("utf-8")
+    total = len(data)
+    off = a["content_offset"]
+    if off > total:
+        raise invalid("content_offset must not be beyond the end of the content (total_bytes)")
+    if off < total and (data[off] & 0xC0) == 0x80:
+        raise invalid("content_offset must be on a UTF-8 code point boundary")
+    end = min(off + a["content_limit"], total)
+    if end < total:
+        cut = end
+        while cut > off and (data[cut] & 0xC0) == 0x80:
+            cut -= 1
+        if cut == off:  # the limit is smaller than the next code point: return that whole character
+            cut = off + 1
+            while cut < total and (data[cut] & 0xC0) == 0x80:
+                cut += 1
+        end = cut
+    return {"content_range": {
+        "message_id": msg.message_id,
+        "revision": msg.revision,
+        "total_bytes": total,
+        "content_offset": off,
+        "next_content_offset": end,
+        "complete": end == total,
+        "content": data[off:end].decode("utf-8"),
+    }}
+
+
+# -- context --------------------------------------------------------------------------------------
+def context(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+    msg = _live(store, a["message_id"])
+    session = store.sessions[msg.session_id]
+    idx = bisect.bisect_left(session.seqs, msg.seq)
+    before_seqs = session.seqs[max(0, idx - a["before"]):idx]
+    after_seqs = session.seqs[idx + 1: idx + 1 + a["after"]]
+    budget = _Budget()
+    truncated = False
+    reply_msg = msg.to_dict()
+    budget.take(message_json_bytes(msg))
+    chrono: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    for side, seqs in (("before", before_seqs), ("after", after_seqs)):
+        for seq in seqs:
+            m = store.by_seq[seq]
+            if not budget.take(message_json_bytes(m)):
+                truncated = True
+                break
+            chrono[side].append(m.to_dict())
+    relations: list[dict[str, Any]] = []
+    if not truncated:
+        truncated = _traverse(store, msg, a["relation_depth"], frozenset(a["relation_types"]), budget, relations)
+    return {
+        "message": reply_msg,
+        "chronological_context": chrono,
+        "relations": relations,
+        "session": {"session_id": msg.session_id, "message_count": len(session.seqs)},
+        "truncated": truncated,
+    }
+
+
+class _Budget:
+    """Counts message-equivalents (at most 50) and bytes (at most the response budget)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+
+    def take(self, size: int) -> bool:
+        if self.count + 1 > L.CONTEXT_MESSAGE_CAP or self.bytes + size > L.RESPONSE_BUDGET_BYTES:
+            return False
+        self.count += 1
+        self.bytes += size
+        return True
+
+
+def _edges(store: Store, node: Message, types: frozenset[str]):
+    for rtype, target in node.relations:
+        if rtype in types:
+            yield rtype, target, "outgoing"
+    for rtype, source in store.relations.incoming_of(node.message_id):
+        if rtype in types:
+            yield rtype, source, "incoming"
+
+
+def _traverse(store: Store, root: Message, depth_max: int, types: frozenset[str], budget: _Budget,
+              out: list[dict[str, Any]]) -> bool:
+    """Breadth-first over relations in both directions; each message appears once. True if cut short."""
+    seen = {root.message_id}
+    frontier = [root]
+    for depth in range(1, depth_max + 1):
+        nxt: list[Message] = []
+        for node in frontier:
+            for rtype, other_id, direction in list(_edges(store, node, types)):
+                if other_id in seen:
+                    continue
+                other = store.by_id.get(other_id)
+                entry: dict[str, Any] = {"type": rtype, "direction": direction, "depth": depth}
+                if other is None:
+                    size = 120
+                else:
+                    size = message_json_bytes(other) + 60
+                if not budget.take(size):
+                    return True
+                seen.add(other_id)
+                if other is None:
+                    entry["message_id"] = other_id
+                    entry["status"] = "deleted"
+                else:
+                    entry["message"] = other.to_dict()
+                    nxt.append(other)
+                out.append(entry)
+        frontier = nxt
+    return False
+
+
+# -- sessions -------------------------------------------------------------------------------------
+def sessions_order(store: Store) -> list[tuple[int, str]]:
+    if store.sessions_order_cache is None:
+        store.sessions_order_cache = sorted(
+            (store.by_seq[s.seqs[0]].timestamp, sid) for sid, s in store.sessions.items())
+    return store.sessions_order_cache
+
+
+def session_summary(store: Store, sid: str) -> dict[str, Any]:
+    s = store.sessions[sid]
+    first, last = store.by_seq[s.seqs[0]], store.by_seq[s.seqs[-1]]
+    rep = store.by_seq[s.summary_seqs[-1]].summary if s.summary_seqs else last.content
+    return {
+        "session_id": sid,
+        "message_count": len(s.seqs),
+        "kind_counts": dict(zip(L.MEMORY_KINDS, s.kind_counts)),
+        "representative_summary": rep,
+        "started_at": first.timestamp,
+        "last_message_at": last.timestamp,
+    }
+
+
+def sessions(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+    order = sessions_order(store)
+    i = 0
+    if a["cursor"] is not None:
+        started, sid = _position(cursor.decode(store.cursor_key, a["cursor"], "sessions", ""), 2)
+        if not isinstance(started, int) or not isinstance(sid, str):
+            raise invalid("cursor is malformed")
+        i = bisect.bisect_right(order, (started, sid))
+    out: list[dict[str, Any]] = []
+    used = 0
+    while i < len(order) and len(out) < a["limit"]:
+        item = session_summary(store, order[i][1])
+        size = 300 + text_json_bytes(item["representative_summary"]) + 2 * len(order[i][1].encode("utf-8"))
+        if out and used + size > L.RESPONSE_BUDGET_BYTES:
+            break
+        out.append(item)
+        used += size
+        i += 1
+    reply: dict[str, Any] = {"sessions": out}
+    if i < len(order):
+        reply["nextCursor"] = cursor.encode(store.cursor_key, "sessions", "", list(order[i - 1]))
+    return reply
+
+
+_VIEWS = {"history": history, "content": content, "context": context, "sessions": sessions}
+
+
+# -- search ---------------------------------------------------------------------------------------
+def _neighbours(store: Store, msg: Message, n: int) -> dict[str, list[dict[str, Any]]]:
+    seqs = store.sessions[msg.session_id].seqs
+    idx = bisect.bisect_left(seqs, msg.seq)
+    return {
+        "before": [store.by_seq[s].to_dict() for s in seqs[max(0, idx - n):idx]],
+        "after": [store.by_seq[s].to_dict() for s in seqs[idx + 1: idx + 1 + n]],
+    }
+
+
+def search_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+    by_seq = store.by_seq
+    sid = a["session_id"]
+    kinds = a["filters"]["kinds"]
+    tiers = a["filters"]["tiers"]
+    tags = a["filters"]["tags"]
+    min_imp = a["min_importance"]
+
+    def accept(doc: int) -> bool:
+        m = by_seq.get(doc)
+        if m is None or (sid is not None and m.session_id != sid) or m.importance < min_imp:
+            return False
+        if kinds is not None and m.kind not in kinds:
+            return False
+        if tiers is not None and m.tier not in tiers:
+            return False
+        return not tags or all(t in m.tags for t in tags)
+
+    hits = store.search.search(a["query"], a["limit"], accept, lambda d: (by_seq[d].importance, d))
+    results: list[dict[str, Any]] = []
+    used = 0
+    for hit in hits:
+        msg = by_seq[hit.doc]
+        item = msg.to_dict()
+        breakdown = {"content": round(hit.content, 6), "summary": round(hit.summary, 6), "tags": round(hit.tags, 6)}
+        item["score"] = round(hit.score, 6)
+        item["score_breakdown"] = breakdown
+        item["matched_fields"] = [f for f in ("content", "summary", "tags") if breakdown[f] > 0]
+        item["relation_count"] = len(msg.relations) + len(store.relations.incoming_of(msg.message_id))
+        size = message_json_bytes(msg) + 200
+        if a["context_size"] > 0:
+            preview = _neighbours(store, msg, a["context_size"])
+            item["context_preview"] = preview
+            size += sum(message_json_bytes(by_seq_msg) for by_seq_msg in _preview_msgs(store, preview))
+        if results and used + size > L.RESPONSE_BUDGET_BYTES:
+            break
+        results.append(item)
+        used += size
+    return {"results": results}
+
+
+def _preview_msgs(store: Store, preview: dict[str, list[dict[str, Any]]]):
+    for side in ("before", "after"):
+        for d in preview[side]:
+            yield store.by_id[d["message_id"]]
