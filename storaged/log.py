@@ -78,10 +78,14 @@ def _record_at(buf, salt_crc: int, pos: int, end: int):
 class ScanResult:
     """Where a scan of the log stopped and why."""
     end: int = HEADER_SIZE              # offset after the last good record read in order
-    damage: tuple[int, int] | None = None  # (start, resume) of unreadable bytes followed by good records
     torn_tail: bool = False             # unreadable bytes at the very end (safe to cut off)
     records: int = 0
-    resumed: list[int] = field(default_factory=list)
+    # (start, resume) of each unreadable stretch followed by good records; a salvage skips them all
+    damage_ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def damage(self) -> tuple[int, int] | None:
+        return self.damage_ranges[0] if self.damage_ranges else None
 
 
 def next_valid(buf, salt: bytes, start: int, end: int) -> int | None:
@@ -119,11 +123,9 @@ def scan(buf, salt: bytes, start: int, result: ScanResult, resync: bool = False)
             if resume is None:
                 result.torn_tail = True
                 return
-            if result.damage is None:
-                result.damage = (pos, resume)
+            result.damage_ranges.append((pos, resume))
             if not resync:
                 return
-            result.resumed.append(resume)
             pos = resume
             continue
         size = FRAME_SIZE + len(payload)

@@ -71,6 +71,7 @@ class Store:
         self.snapshot_pos = -1            # log size the snapshot on disk covers (-1: none for this log)
         self.cursor_key = b""
         self.sessions_order_cache: list[tuple[int, str]] | None = None
+        self.scan_result = logfile.ScanResult()
 
     # ------------------------------------------------------------------ opening and recovery
     @classmethod
@@ -120,7 +121,7 @@ class Store:
         start = logfile.HEADER_SIZE
         if self.io.exists(self.snapshot_path):
             start = self._load_snapshot(salt, len(buf))
-        result = logfile.ScanResult()
+        result = self.scan_result = logfile.ScanResult()
         for size, record in logfile.scan(buf, salt, start, result, resync=salvage):
             self._apply_record(record, size)
         end = result.end

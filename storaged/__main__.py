@@ -1,0 +1,151 @@
+"""``convmem-storaged``: run the storage daemon in the foreground, or repair a damaged log.
+
+Exit codes: 0 clean stop, 2 bad command line or configuration, 3 the data directory is owned by
+another live daemon, 1 anything else.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import logging
+import os
+import sys
+import time
+from urllib.parse import urlparse
+
+import zmq
+
+from protocol.config import default_data_dir, default_endpoint
+
+from . import datadir
+from .salvage import salvage
+from .server import Server, install_signal_handlers
+from .store import Store
+
+LOG = logging.getLogger("convmem.storaged")
+IPC_PATH_MAX = 107  # sun_path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="convmem-storaged", description="convmem storage daemon")
+    p.add_argument("--data-dir", help="data directory (default: $CONVMEM_DATA_DIR, else $XDG_DATA_HOME/convmem)")
+    p.add_argument("--endpoint", help="ZeroMQ endpoint (default: $CONVMEM_ENDPOINT, else ipc:// in DATA_DIR/run)")
+    p.add_argument("--curve-secret-key-file", help="Z85 CURVE secret key of the daemon; required for tcp://")
+    p.add_argument("--allow-non-loopback", action="store_true", help="allow a tcp:// endpoint on a non-loopback address")
+    p.add_argument("--salvage", action="store_true", help="repair a log damaged before its end, then exit")
+    p.add_argument("--log-level", default=os.environ.get("CONVMEM_LOG_LEVEL", "INFO"))
+    return p.parse_args(argv)
+
+
+def fail(msg: str, code: int) -> int:
+    print(f"convmem-storaged: {msg}", file=sys.stderr)
+    return code
+
+
+def check_endpoint(endpoint: str, args: argparse.Namespace) -> tuple[str | None, bytes | None]:
+    """(error, curve secret key). TCP needs keys and, unless allowed, a loopback address."""
+    if endpoint.startswith("ipc://"):
+        if len(endpoint[len("ipc://"):].encode()) > IPC_PATH_MAX:
+            return ("the ipc socket path is too long for the OS; set --endpoint or CONVMEM_ENDPOINT "
+                    "to a shorter ipc:// path"), None
+        return None, None
+    if endpoint.startswith("tcp://"):
+        host = urlparse(endpoint).hostname or ""
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback and not args.allow_non_loopback:
+            return "tcp:// endpoints must be on a loopback address unless --allow-non-loopback is given", None
+        key_file = args.curve_secret_key_file or os.environ.get("CONVMEM_CURVE_SECRET_KEY_FILE")
+        if not key_file:
+            return ("a tcp:// endpoint requires ZeroMQ CURVE keys: pass --curve-secret-key-file "
+                    "(generate a pair with python -c 'import zmq; print(zmq.curve_keypair())')"), None
+        try:
+            with open(key_file, "rb") as f:
+                key = f.read().strip()
+        except OSError as exc:
+            return f"cannot read the CURVE secret key file: {exc.strerror}", None
+        if len(key) != 40:
+            return "the CURVE secret key file must hold a 40-character Z85 key", None
+        return None, key
+    if endpoint.startswith("inproc://"):
+        return "inproc:// endpoints are not reachable from other processes", None
+    return "the endpoint must be ipc:// or tcp://", None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(asctime)s convmem-storaged[%(process)d] %(levelname)s %(message)s")
+    data_dir = os.path.abspath(args.data_dir or default_data_dir())
+    lock = datadir.DataDirLock(data_dir)
+    try:
+        lock.acquire()
+    except datadir.AlreadyRunning as exc:
+        return fail(str(exc), 3)
+    except OSError as exc:
+        return fail(f"cannot use the data directory {data_dir}: {exc.strerror}", 2)
+    try:
+        if args.salvage:
+            return run_salvage(data_dir)
+        return run_daemon(data_dir, args)
+    finally:
+        lock.release()
+
+
+def run_salvage(data_dir: str) -> int:
+    try:
+        report = salvage(data_dir)
+    except Exception as exc:
+        return fail(f"salvage failed: {exc}", 1)
+    print(json.dumps(report, indent=2))
+    LOG.info("salvage done: %s", report)
+    return 0
+
+
+def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
+    endpoint = args.endpoint or default_endpoint(data_dir)
+    error, curve_key = check_endpoint(endpoint, args)
+    if error:
+        return fail(error, 2)
+    datadir.prepare_run_dir(data_dir)
+    t0 = time.monotonic()
+    store = Store.open(data_dir)
+    h = store.health()
+    LOG.info("opened %s in %.2f s: %d messages in %d sessions, log %d bytes, snapshot_valid=%s, "
+             "recovered_tail=%s%s", data_dir, time.monotonic() - t0, h["active_messages"], h["session_count"],
+             h["log_size"], h["snapshot_valid"], h["recovered_tail"],
+             f", DEGRADED: {h['last_error']}" if h["last_error"] else "")
+    server = Server(store, endpoint, curve_key)
+    try:
+        if endpoint.startswith("ipc://"):
+            path = endpoint[len("ipc://"):]
+            if os.path.exists(path):
+                os.unlink(path)  # a stale socket of a dead daemon; we hold the lock, so it is not live
+        server.bind()
+    except zmq.ZMQError as exc:
+        store.close()
+        return fail(f"cannot bind {endpoint}: {exc}", 2)
+    install_signal_handlers(server)
+    datadir.write_pid(data_dir)
+    LOG.info("ready on %s", endpoint)
+    try:
+        server.serve()
+    finally:
+        server.close()
+        t1 = time.monotonic()
+        try:
+            if store.write_snapshot():
+                LOG.info("snapshot written in %.2f s", time.monotonic() - t1)
+        except OSError as exc:
+            LOG.error("could not write the snapshot at shutdown (%s); the log is intact", exc.strerror)
+        store.close()
+        datadir.remove_pid(data_dir)
+        LOG.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
