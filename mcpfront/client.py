@@ -1,0 +1,166 @@
+"""Talking to the storage daemon: one request, one reply, never a hang.
+
+Each call uses a fresh REQ socket, so concurrent tool calls really run concurrently (one REQ socket
+can only have one request in flight). Lazy Pirate: an attempt that gets no reply in time closes its
+socket (LINGER 0) and the request is sent again on a new socket with the *same* request id, which
+the daemon uses to apply a mutation at most once. When every attempt timed out the caller gets a
+contract BUSY error, never an exception.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import msgpack
+import ulid
+import zmq
+import zmq.asyncio
+
+from protocol import errors as E
+from protocol import limits as L
+from protocol.wire import encode_request
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_ATTEMPTS = 3
+PING_TIMEOUT_S = 0.5
+# How long a caller should wait after "daemon unavailable" before trying again.
+UNAVAILABLE_RETRY_AFTER_MS = 1000
+UNAVAILABLE_MESSAGE = "storage daemon unavailable (no reply in time); retry later"
+
+
+def new_request_id() -> str:
+    return str(ulid.ULID())
+
+
+def is_unavailable(reply: dict[str, Any]) -> bool:
+    """True for the BUSY this module makes up when the daemon did not answer (not a daemon's BUSY)."""
+    err = reply.get("error") if isinstance(reply, dict) else None
+    return isinstance(err, dict) and err.get("code") == E.BUSY and err.get("message") == UNAVAILABLE_MESSAGE
+
+
+def unavailable() -> dict[str, Any]:
+    return E.error_reply(E.BUSY, UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER_MS)
+
+
+def _encode_problem(value: Any) -> str:
+    """Why ``value`` cannot go into msgpack, as a constraint (never the value itself)."""
+    try:
+        msgpack.packb(value, use_bin_type=True)
+    except OverflowError:
+        return "integers must be between -2**63 and 2**64-1"
+    except UnicodeEncodeError:
+        return "text must be valid Unicode (no lone surrogates)"
+    except ValueError:
+        return f"nesting must be at most {L.MAX_NESTING_DEPTH} levels"
+    except Exception:
+        return "must be JSON data"
+    return ""
+
+
+def encode_or_error(op: str, args: dict[str, Any], request_id: str,
+                    known: frozenset[str] = frozenset()) -> bytes | dict[str, Any]:
+    """The request frame, or a VALIDATION_ERROR reply when the arguments cannot be encoded.
+
+    ``known`` are the argument names that may be quoted in a message (the tool's own parameters);
+    any other name is untrusted input and is not echoed.
+    """
+    try:
+        frame = encode_request(op, args, request_id)
+    except Exception:
+        for key, value in args.items():
+            problem = _encode_problem(value)
+            if problem:
+                name = key if key in known else "an argument"
+                return E.error_reply(E.VALIDATION_ERROR, f"{name}: {problem}")
+        return E.error_reply(E.VALIDATION_ERROR, "arguments must be JSON data that fits the request encoding")
+    if len(frame) > L.MAX_REQUEST_BYTES:
+        return E.error_reply(E.VALIDATION_ERROR, f"request must be at most {L.MAX_REQUEST_BYTES} bytes encoded")
+    return frame
+
+
+def ipc_path(endpoint: str) -> str | None:
+    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+
+
+class DaemonClient:
+    def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT_S, attempts: int = DEFAULT_ATTEMPTS,
+                 context: zmq.asyncio.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.attempts = max(1, attempts)
+        self._ctx = context
+        self._own_ctx = context is None
+
+    @property
+    def ctx(self) -> zmq.asyncio.Context:
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        return self._ctx
+
+    def close(self) -> None:
+        if self._ctx is not None and self._own_ctx:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    async def request(self, op: str, args: dict[str, Any], request_id: str | None = None, *,
+                      timeout: float | None = None, attempts: int | None = None,
+                      known: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """Send one request; return the daemon's reply map or a contract error. Never raises (except
+        cancellation)."""
+        rid = request_id or new_request_id()
+        frame = encode_or_error(op, args, rid, known)
+        if isinstance(frame, dict):
+            return frame
+        timeout = self.timeout if timeout is None else timeout
+        level = logging.DEBUG if op == "ping" else logging.WARNING  # probes are expected to fail at times
+        for attempt in range(self.attempts if attempts is None else max(1, attempts)):
+            try:
+                raw = await self._attempt(frame, timeout)
+            except asyncio.TimeoutError:
+                log.log(level, "daemon did not answer %s (request %s) within %.1fs (attempt %d)",
+                        op, rid, timeout, attempt + 1)
+                continue
+            except zmq.ZMQError as exc:
+                log.log(level, "daemon request %s (request %s) failed: %s (attempt %d)", op, rid, exc, attempt + 1)
+                await asyncio.sleep(min(timeout, 0.1))
+                continue
+            return self._decode(raw, op)
+        return unavailable()
+
+    async def _attempt(self, frame: bytes, timeout: float) -> bytes:
+        sock = self.ctx.socket(zmq.REQ)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.connect(self.endpoint)
+
+            async def roundtrip() -> bytes:
+                await sock.send(frame)
+                return await sock.recv()
+
+            return await asyncio.wait_for(roundtrip(), timeout)
+        finally:
+            sock.close(linger=0)
+
+    @staticmethod
+    def _decode(raw: bytes, op: str) -> dict[str, Any]:
+        try:
+            reply = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        except Exception:
+            reply = None
+        if not isinstance(reply, dict):
+            log.error("undecodable reply from the daemon to %s (%d bytes)", op, len(raw))
+            return E.error_reply(E.INTERNAL_ERROR, "the storage daemon sent an unreadable reply")
+        return reply
+
+    async def ping(self, timeout: float = PING_TIMEOUT_S) -> bool:
+        """One quick liveness probe: True iff the daemon answered OK."""
+        path = ipc_path(self.endpoint)
+        if path is not None and not os.path.exists(path):
+            return False
+        reply = await self.request("ping", {}, timeout=timeout, attempts=1)
+        return reply.get("status") == "OK"
