@@ -1,8 +1,11 @@
 """Text → index terms, shared by indexing and querying so both sides always agree.
 
 Latin-script words: NFKC, casefold, possessive/contraction endings dropped, thousands separators
-and ordinal endings removed ("1,000" → "1000", "7th" → "7"), then a Porter stemmer.  English stop words are indexed (a query made only of
-them must still find something) but left out of queries that have other terms.
+and ordinal endings removed ("1,000" → "1000", "7th" → "7"), then a Porter stemmer.  A word mixing
+letters and digits is indexed whole and by its parts ("python3" → python3, python, 3).  A small list
+of English function words is dropped on both sides: on LoCoMo it costs no recall when dropped from
+the index and gains ~4 points at recall@10 when dropped from queries, and it removes the longest
+posting lists (≈40% of all postings).  A query made only of stop words therefore finds nothing.
 
 CJK runs (Han, Hiragana, Katakana incl. ー, Hangul) carry no spaces, so they are cut into
 overlapping character bigrams (a one-character run stays a unigram).  A query run is cut the same
@@ -49,6 +52,11 @@ _TOKEN_RE = re.compile(
     rf"(?P<cjk>[{_CJK}]+)"
     rf"|(?P<word>(?:(?![{_CJK}])[^\W_])+(?:['’](?:(?![{_CJK}])[^\W_])+)*)"
 )
+# Fast path for indexing: CJK runs cut out first, then plain words (no per-character lookahead).
+_CJK_RE = re.compile(rf"[{_CJK}]+")
+_WORD_RE = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
+_DIGIT_RE = re.compile(r"\d")
+_ALNUM_PART_RE = re.compile(r"[^\W\d_]+|\d+")
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _ORDINAL_RE = re.compile(r"(\d+)(?:st|nd|rd|th)")
 _CLITIC_RE = re.compile(r"['’](?:s|re|ve|ll|d|m|t)$|n['’]t$|['’]$")
@@ -62,7 +70,7 @@ STOP_WORDS = frozenset(
     me more most my myself of off on once only or other our ours ourselves out over own same she
     should so some such than that the their theirs them themselves then there these they this those
     through to too under until up very was we were what when where which while who whom why will
-    with would you your yours yourself yourselves s t d ll m re ve
+    with would you your yours yourself yourselves s t d ll m re ve ca wo sha
     """.split()
 )
 
@@ -205,11 +213,28 @@ def _word_term(word: str) -> str | None:
         word = _CLITIC_RE.sub("", word).replace("’", "").replace("'", "")
         if not word:
             return None
+    if word in STOP_WORDS:
+        return None
     if word[0].isdigit():
         m = _ORDINAL_RE.fullmatch(word)
         if m:
             return m.group(1)
     return stem(word)
+
+
+@lru_cache(maxsize=1 << 15)
+def _alnum_parts(word: str) -> tuple[str, ...]:
+    """Extra index terms of a letters+digits word, so that "python" finds "python3" and "15"
+    finds "iphone15" (the query keeps the whole word, which still ranks an exact match first)."""
+    if _ORDINAL_RE.fullmatch(word):
+        return ()
+    whole = _word_term(word)
+    parts = []
+    for part in _ALNUM_PART_RE.findall(word):
+        term = part if part.isdigit() else (_word_term(part) if len(part) > 1 else None)
+        if term is not None and term != whole:
+            parts.append(term)
+    return tuple(parts)
 
 
 def _prepare(text: str) -> str:
@@ -225,31 +250,34 @@ def _cjk_grams(run: str) -> list[str]:
 
 
 def index_terms(text: str) -> list[str]:
-    """All terms of a text, in order, with repeats (term frequency counts them)."""
+    """All terms of a text, with repeats (term frequency counts them); order not significant."""
     if not text:
         return []
-    out: list[str] = []
-    append = out.append
-    for m in _TOKEN_RE.finditer(_prepare(text)):
-        run = m.group("cjk")
-        if run is not None:
-            if len(run) == 1:
-                append(run)
-            else:
-                out.extend([run[i : i + 2] for i in range(len(run) - 1)])
-            continue
-        term = _word_term(m.group("word"))
-        if term is not None:
-            append(term)
+    text = _prepare(text)
+    runs = ()
+    if not text.isascii():
+        runs = _CJK_RE.findall(text)
+        if runs:
+            text = _CJK_RE.sub(" ", text)
+    words = _WORD_RE.findall(text)
+    out = [t for t in map(_word_term, words) if t is not None]
+    if _DIGIT_RE.search(text):
+        for w in words:
+            if not w.isalpha() and not w.isdigit():
+                out.extend(_alnum_parts(w))
+    for run in runs:
+        if len(run) == 1:
+            out.append(run)
+        else:
+            out.extend([run[i : i + 2] for i in range(len(run) - 1)])
     return out
 
 
 class QueryRun(NamedTuple):
-    """One query unit: a Latin word (one term) or a CJK run (its bigrams)."""
+    """One query unit: a Latin word (one term) or a CJK run (its bigrams, or the lone character)."""
 
     terms: tuple[str, ...]
     cjk: bool
-    stop: bool
 
 
 def query_runs(query: str) -> list[QueryRun]:
@@ -258,12 +286,9 @@ def query_runs(query: str) -> list[QueryRun]:
     for m in _TOKEN_RE.finditer(_prepare(query)):
         run = m.group("cjk")
         if run is not None:
-            runs.append(QueryRun(tuple(_cjk_grams(run)), True, False))
+            runs.append(QueryRun(tuple(_cjk_grams(run)), True))
             continue
-        word = m.group("word")
-        term = _word_term(word)
-        if term is None:
-            continue
-        bare = _CLITIC_RE.sub("", word)
-        runs.append(QueryRun((term,), False, bare in STOP_WORDS or term in STOP_WORDS))
+        term = _word_term(m.group("word"))
+        if term is not None:
+            runs.append(QueryRun((term,), False))
     return runs

@@ -1,0 +1,959 @@
+"""In-memory inverted index with BM25 ranking over three fields (content, summary, tags).
+
+Layout (chosen for memory at 1M messages and for pure-Python query speed):
+
+* Every add() gets a new dense *slot*; postings hold slots, so each posting list is sorted by
+  construction (binary search works) even when docs arrive out of order, and a re-added doc never
+  collides with its old postings.  `_slot_doc` maps slot → doc, `_docmap` doc → slot.
+* Per field, per term id: `None`, a bare int (the one slot of a term seen once — most terms), or
+  an `array('I')` of slots with a parallel `array('H')` of keys.  A key packs a quantised term
+  frequency (5 bits) and doc length (11 bits: exact below 1024, then 1 % steps), so the BM25
+  impact of a posting is one lookup in a 64K table that depends only on the field's average length.
+  No per-posting objects exist at rest: ~6 bytes a posting.
+* remove() tombstones the slot (`_alive`; queries skip dead slots) and takes the doc out of the
+  collection statistics at once (N and average length per field are exact for live docs).  Its
+  postings are purged lazily by a sweeper that advances a bounded step (~2K postings) on each
+  add()/remove() once enough docs died (≥ 1/8 of the live count): under update churn the posting
+  memory stays within ~1/8 of the live postings plus one pass.  Until the sweeper reaches a list,
+  that term's df still counts the dead postings.  Slot-indexed arrays (~21 bytes a slot) are
+  renumbered by compact(), which runs by itself only when dead slots outnumber live ones (one
+  pass over all postings; the store may also call it when convenient).  dump() saves the state
+  as is, so scores after load() are identical.
+
+Query evaluation is term-at-a-time MaxScore: lists are taken in decreasing order of their upper
+bound; once `limit` acceptable docs score more than everything the remaining lists could still
+give a newcomer, the remaining (long, low-idf) lists are only probed by binary search for the
+surviving candidates instead of being scanned.  Results are exact (not approximate top-k).
+
+CJK: a query run's bigrams are OR-ed terms; in addition, a doc whose field holds every bigram of a
+run (the phrase, or all its pieces) gets a bonus equal to the most any doc could score from those
+bigrams in that field, so in that field it ranks above every doc holding only some of them.  A
+one-character run also matches the bigrams containing that character.
+
+All state lives on the instance, so a rebuild thread may fill a fresh index while the main thread
+queries the old one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from array import array
+from bisect import bisect_left
+from collections import Counter
+from heapq import nlargest
+from itertools import accumulate, compress
+from typing import Any, Callable, NamedTuple, Sequence
+
+from storaged.tokenize import index_terms, query_runs
+
+__all__ = ["Hit", "SearchIndex"]
+
+FIELDS = ("content", "summary", "tags")
+
+# Tuned on LoCoMo (bench/search_quality.py): short conversational messages want a low k1 and weak
+# length normalisation.  Summary/tags weights tuned with LoCoMo "observations" as summaries.
+K1 = 0.8
+B = 0.3
+FIELD_WEIGHTS = (1.0, 0.8, 0.6)
+
+_TF_BITS = 5
+_DL_BITS = 11
+_DL_EXACT = 1024  # doc lengths below this are exact
+_DL_STEP = 1.01  # above, geometric buckets
+_TF_EXACT = 16
+_TF_STEP = 1.6
+_KEY_DL_MASK = (1 << _DL_BITS) - 1
+
+# Tombstone sweeping: a pass over all posting lists starts once this many docs died since the
+# last pass (and at least 1/8 of the live count), and advances by _SWEEP_BUDGET postings per
+# add()/remove() call.  Slots are renumbered (one stop-the-world pass) only when dead slots
+# outnumber live ones.
+_SWEEP_MIN_DEAD = 256
+_SWEEP_BUDGET = 2048
+_RENUMBER_MIN_DEAD = 4096
+_CHAR_EXPANSION_BUDGET = 400_000  # postings read for a one-character CJK query
+_CJK_CHAR = re.compile(
+    "[\u3005-\u3007\u3041-\u309f\u30a0-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+    "\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff"
+    "\U00020000-\U0002fa1f\U00030000-\U0003134f]"
+)
+
+_FORMAT = "convmem-search/1"
+
+
+class Hit(NamedTuple):
+    doc: int
+    score: float
+    content: float
+    summary: float
+    tags: float
+
+
+def _tf_bucket(tf: int) -> int:
+    if tf <= _TF_EXACT:
+        return tf - 1
+    return min((1 << _TF_BITS) - 1, _TF_EXACT + int(math.log(tf / _TF_EXACT, _TF_STEP)))
+
+
+def _dl_bucket(dl: int) -> int:
+    if dl < _DL_EXACT:
+        return dl
+    return min(_KEY_DL_MASK, _DL_EXACT + int(math.log(dl / _DL_EXACT, _DL_STEP)))
+
+
+_TF_REP = [
+    float(q + 1) if q < _TF_EXACT else _TF_EXACT * _TF_STEP ** (q - _TF_EXACT + 0.5)
+    for q in range(1 << _TF_BITS)
+]
+_DL_REP = [
+    float(q) if q < _DL_EXACT else _DL_EXACT * _DL_STEP ** (q - _DL_EXACT + 0.5)
+    for q in range(1 << _DL_BITS)
+]
+# Doc-length bucket for lengths < _DL_EXACT is the length itself; precompute the rest lazily.
+_SIZEOF_INT = sys.getsizeof(1 << 40)
+_SIZEOF_ARRAY = sys.getsizeof(array("I"))
+_SIZEOF_FLOAT = sys.getsizeof(1.5)
+
+
+def _idf(df: int, n: int) -> float:
+    # df may still count tombstoned docs the sweeper has not reached (n never does): keep the
+    # weight positive, which the pruning in search() relies on.
+    return max(math.log(1.0 + (n - df + 0.5) / (df + 0.5)), 1e-3)
+
+
+class _DocMap:
+    """doc → slot.  Docs are creation sequence numbers, so a flat array is ~4 bytes a doc;
+    docs far beyond the array's end (not expected) go to a dict instead of inflating it."""
+
+    __slots__ = ("arr", "extra")
+
+    def __init__(self) -> None:
+        self.arr = array("i")
+        self.extra: dict[int, int] = {}
+
+    def get(self, doc: int) -> int:
+        arr = self.arr
+        if 0 <= doc < len(arr):
+            return arr[doc]
+        return self.extra.get(doc, -1)
+
+    def set(self, doc: int, slot: int) -> None:
+        arr = self.arr
+        n = len(arr)
+        if doc >= n and doc < 2 * n + (1 << 16):
+            arr.extend(array("i", [-1]) * (doc + 1 - n + (doc >> 4)))
+            if self.extra:  # pull overflow entries that now fit
+                for d in [d for d in self.extra if d < len(arr)]:
+                    arr[d] = self.extra.pop(d)
+        if doc < len(arr):
+            arr[doc] = slot
+        elif slot < 0:
+            self.extra.pop(doc, None)
+        else:
+            self.extra[doc] = slot
+
+    def nbytes(self) -> int:
+        return sys.getsizeof(self.arr) + sys.getsizeof(self.extra) + len(self.extra) * 2 * _SIZEOF_INT
+
+
+# --- query-time posting lists -------------------------------------------------------------------
+# Each knows its field, an upper bound `ub` of what it adds to one doc, a size (postings), and can
+# scan itself into an accumulator, probe sorted candidates, or give one doc's contribution.
+
+
+class _TermList:
+    __slots__ = ("field", "ub", "size", "w", "slots", "keys", "table")
+
+    def __init__(self, field, slots, keys, w, table, maxtf):
+        self.field = field
+        self.slots = slots
+        self.keys = keys
+        self.w = w
+        self.table = table
+        self.size = 1 if type(slots) is int else len(slots)
+        self.ub = w * table[(maxtf << _DL_BITS) | 1]
+
+    def scan_into(self, acc: dict) -> None:
+        w, table, slots = self.w, self.table, self.slots
+        if type(slots) is int:
+            acc[slots] = acc.get(slots, 0.0) + w * table[self.keys]
+        elif not acc:
+            acc.update(zip(slots, map(w.__mul__, map(table.__getitem__, self.keys))))
+        else:
+            get = acc.get
+            for s, k in zip(slots, self.keys):
+                acc[s] = get(s, 0.0) + w * table[k]
+
+    def probe(self, cands: list, scores: list) -> None:
+        slots = self.slots
+        w, table = self.w, self.table
+        if type(slots) is int:
+            i = bisect_left(cands, slots)
+            if i < len(cands) and cands[i] == slots:
+                scores[i] += w * table[self.keys]
+            return
+        n = len(slots)
+        keys = self.keys
+        if len(cands) * 16 < n:
+            lo = 0
+            for i, s in enumerate(cands):
+                lo = bisect_left(slots, s, lo)
+                if lo == n:
+                    break
+                if slots[lo] == s:
+                    scores[i] += w * table[keys[lo]]
+        else:
+            where = dict(zip(slots, keys))
+            get = where.get
+            for i, s in enumerate(cands):
+                k = get(s)
+                if k is not None:
+                    scores[i] += w * table[k]
+
+    def value(self, s: int) -> float:
+        slots = self.slots
+        if type(slots) is int:
+            return self.w * self.table[self.keys] if slots == s else 0.0
+        i = bisect_left(slots, s)
+        if i < len(slots) and slots[i] == s:
+            return self.w * self.table[self.keys[i]]
+        return 0.0
+
+
+def _contains(slots, s: int) -> bool:
+    if type(slots) is int:
+        return slots == s
+    i = bisect_left(slots, s)
+    return i < len(slots) and slots[i] == s
+
+
+class _PhraseBonus:
+    """Docs holding every bigram of a CJK query run in this field."""
+
+    __slots__ = ("field", "ub", "size", "parts", "_docs")
+
+    def __init__(self, field, parts, bonus):
+        self.field = field
+        self.parts = sorted(parts, key=lambda p: 1 if type(p) is int else len(p))
+        self.ub = bonus
+        p0 = self.parts[0]
+        self.size = 1 if type(p0) is int else len(p0)
+        self._docs = None
+
+    def docs(self) -> set:
+        if self._docs is None:
+            first, *rest = self.parts
+            cur = {first} if type(first) is int else set(first)
+            for p in rest:
+                if not cur:
+                    break
+                cur = cur & {p} if type(p) is int else cur.intersection(p)
+            self._docs = cur
+        return self._docs
+
+    def scan_into(self, acc: dict) -> None:
+        v = self.ub
+        get = acc.get
+        for s in self.docs():
+            acc[s] = get(s, 0.0) + v
+
+    def probe(self, cands: list, scores: list) -> None:
+        v = self.ub
+        for i, s in enumerate(cands):
+            if self.value(s):
+                scores[i] += v
+
+    def value(self, s: int) -> float:
+        if self._docs is not None:
+            return self.ub if s in self._docs else 0.0
+        return self.ub if all(_contains(p, s) for p in self.parts) else 0.0
+
+
+class _MaterialList:
+    """A synthetic list held as slot → contribution (one-character CJK query expansions)."""
+
+    __slots__ = ("field", "ub", "size", "vals")
+
+    def __init__(self, field, vals: dict):
+        self.field = field
+        self.vals = vals
+        self.size = len(vals)
+        self.ub = max(vals.values())
+
+    def scan_into(self, acc: dict) -> None:
+        get = acc.get
+        for s, v in self.vals.items():
+            acc[s] = get(s, 0.0) + v
+
+    def probe(self, cands: list, scores: list) -> None:
+        get = self.vals.get
+        for i, s in enumerate(cands):
+            v = get(s)
+            if v is not None:
+                scores[i] += v
+
+    def value(self, s: int) -> float:
+        return self.vals.get(s, 0.0)
+
+
+class SearchIndex:
+    """BM25 over content, summary and tags of each doc; see the module docstring for the layout."""
+
+    def __init__(self) -> None:
+        self._vocab: dict[str, int] = {}
+        self._terms: list[str | None] = []  # tid → term (None once freed)
+        self._free_tids: list[int] = []
+        nf = len(FIELDS)
+        self._slots: list[list] = [[] for _ in range(nf)]  # field → tid → None | int | array('I')
+        self._keys: list[list] = [[] for _ in range(nf)]  # field → tid → None | int | array('H')
+        self._maxtf: list[bytearray] = [bytearray() for _ in range(nf)]  # field → tid → max tf bucket
+        self._maxtf_all = [0] * nf  # field → max tf bucket of any posting (sizes the impact table)
+        self._slot_doc = array("Q")
+        self._alive = bytearray()
+        self._lens = [array("I") for _ in range(nf)]  # field → slot → length in terms
+        self._total_len = [0] * nf  # over live docs
+        self._nonempty = [0] * nf  # live docs with a non-empty field
+        self._docmap = _DocMap()
+        self._live = 0
+        self._dead = 0  # tombstoned slots
+        self._unswept = 0  # deaths not yet covered by a finished sweep pass
+        self._sweep_pos: tuple[int, int] | None = None  # (field, tid) of a running pass
+        self._sweep_covers = 0
+        self._tables: dict[tuple[float, int], list[float]] = {}
+        self._char_terms: dict[str, array] | None = None  # built on first one-char CJK query
+        # memory accounting, maintained incrementally
+        self._n_postings = 0
+        self._n_arrays = 0
+        self._n_single = 0
+        self._term_bytes = 0
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def _new_tid(self, term: str) -> int:
+        if self._free_tids:
+            tid = self._free_tids.pop()
+            self._terms[tid] = term
+        else:
+            tid = len(self._terms)
+            self._terms.append(term)
+            for f in range(len(FIELDS)):
+                self._slots[f].append(None)
+                self._keys[f].append(None)
+                self._maxtf[f].append(0)
+        self._vocab[term] = tid
+        self._term_bytes += sys.getsizeof(term)
+        ct = self._char_terms
+        if ct is not None and len(term) == 2 and _CJK_CHAR.match(term):
+            for c in {term[0], term[1]}:
+                a = ct.get(c)
+                if a is None:
+                    ct[c] = array("I", (tid,))
+                else:
+                    a.append(tid)
+        return tid
+
+    def add(self, doc: int, content: str, summary: str | None, tags: Sequence[str]) -> None:
+        if doc < 0:
+            raise ValueError("doc must be non-negative")
+        if self._docmap.get(doc) >= 0:
+            raise ValueError(f"doc {doc} is already indexed; remove it first")
+        slot = len(self._slot_doc)
+        self._slot_doc.append(doc)
+        self._alive.append(1)
+        self._docmap.set(doc, slot)
+        self._live += 1
+        vocab = self._vocab
+        texts = (content, summary, "\n".join(tags) if tags else "")
+        for f, text in enumerate(texts):
+            terms = index_terms(text) if text else ()
+            n = len(terms)
+            self._lens[f].append(n)
+            if not n:
+                continue
+            self._total_len[f] += n
+            self._nonempty[f] += 1
+            dlq = n if n < _DL_EXACT else _dl_bucket(n)
+            slots_f, keys_f, maxtf_f = self._slots[f], self._keys[f], self._maxtf[f]
+            single = posted = arrays = 0
+            for term, tf in (Counter(terms).items() if n > 1 else ((terms[0], 1),)):
+                tid = vocab.get(term)
+                if tid is None:
+                    tid = self._new_tid(term)
+                if tf == 1:
+                    key = dlq
+                else:
+                    tq = tf - 1 if tf <= _TF_EXACT else _tf_bucket(tf)
+                    key = (tq << _DL_BITS) | dlq
+                    if tq > maxtf_f[tid]:
+                        maxtf_f[tid] = tq
+                        if tq > self._maxtf_all[f]:
+                            self._maxtf_all[f] = tq
+                p = slots_f[tid]
+                if p is None:
+                    slots_f[tid] = slot
+                    keys_f[tid] = key
+                    single += 1
+                elif type(p) is int:
+                    slots_f[tid] = array("I", (p, slot))
+                    keys_f[tid] = array("H", (keys_f[tid], key))
+                    single -= 1
+                    arrays += 2
+                    posted += 2
+                else:
+                    p.append(slot)
+                    keys_f[tid].append(key)
+                    posted += 1
+            self._n_single += single
+            self._n_arrays += arrays
+            self._n_postings += posted
+        if self._unswept:
+            self._maintain()
+
+    def remove(self, doc: int) -> None:
+        slot = self._docmap.get(doc)
+        if slot < 0:
+            return
+        self._docmap.set(doc, -1)
+        self._alive[slot] = 0
+        self._live -= 1
+        self._dead += 1
+        self._unswept += 1
+        for f, lens in enumerate(self._lens):
+            n = lens[slot]
+            if n:
+                self._total_len[f] -= n
+                self._nonempty[f] -= 1
+        self._maintain()
+
+    def _maintain(self) -> None:
+        """Bounded background work on the write path: advance (or start) a sweep pass."""
+        if self._sweep_pos is None:
+            if self._unswept < max(_SWEEP_MIN_DEAD, self._live >> 3):
+                return
+            self._sweep_pos = (0, 0)
+            self._sweep_covers = self._unswept
+        if not self._sweep(_SWEEP_BUDGET):
+            return
+        self._sweep_pos = None
+        self._unswept -= self._sweep_covers
+        if self._dead >= _RENUMBER_MIN_DEAD and self._dead >= self._live:
+            self.compact()
+
+    def _sweep(self, budget: int) -> bool:
+        """Purge dead postings from lists from the saved position on; True once past the end."""
+        f, tid = self._sweep_pos
+        alive = self._alive
+        while f < len(FIELDS):
+            slots_f = self._slots[f]
+            while tid < len(slots_f):
+                if budget <= 0:
+                    self._sweep_pos = (f, tid)
+                    return False
+                p = slots_f[tid]
+                if p is None:
+                    budget -= 1
+                elif type(p) is int:
+                    budget -= 1
+                    if not alive[p]:
+                        self._drop(f, tid)
+                        self._n_single -= 1
+                else:
+                    budget -= len(p) + 16
+                    mask = bytes(map(alive.__getitem__, p))
+                    if 0 in mask:
+                        self._purge(f, tid, p, mask)
+                tid += 1
+            f, tid = f + 1, 0
+        return True
+
+    def _purge(self, f: int, tid: int, p: array, mask: bytes) -> None:
+        keys_f = self._keys[f]
+        ks = array("H", compress(keys_f[tid], mask))
+        self._n_postings -= len(p)
+        self._n_arrays -= 2
+        if len(ks) > 1:
+            self._slots[f][tid] = array("I", compress(p, mask))
+            keys_f[tid] = ks
+            self._n_postings += len(ks)
+            self._n_arrays += 2
+        elif ks:
+            self._slots[f][tid] = next(compress(p, mask))
+            keys_f[tid] = ks[0]
+            self._n_single += 1
+        else:
+            self._drop(f, tid)
+
+    def _drop(self, f: int, tid: int) -> None:
+        self._slots[f][tid] = self._keys[f][tid] = None
+        self._maxtf[f][tid] = 0
+        if all(self._slots[g][tid] is None for g in range(len(FIELDS))):
+            term = self._terms[tid]
+            del self._vocab[term]
+            self._terms[tid] = None
+            self._free_tids.append(tid)
+            self._term_bytes -= sys.getsizeof(term)
+            self._char_terms = None  # it may list this tid, which will be reused
+
+    def compact(self) -> None:
+        """Drop all tombstoned postings now, renumber slots densely, free terms left without
+        postings.  One pass over all postings, mostly in C (measured in bench/search_speed.py);
+        runs by itself only when dead slots outnumber live ones."""
+        self._sweep_pos = None
+        self._unswept = 0
+        if not self._dead:
+            return
+        alive = self._alive
+        # newslot[s] = live slots before s (meaningful for live s only); the trailing -1 makes
+        # remap(-1) == -1, so the doc map (-1 = absent) is remapped in one C-level pass.
+        newslot = array("i", accumulate(alive, initial=-1))
+        del newslot[0]
+        newslot.append(-1)
+        remap = newslot.__getitem__
+        self._slot_doc = array("Q", compress(self._slot_doc, alive))
+        self._lens = [array("I", compress(lens, alive)) for lens in self._lens]
+        self._alive = bytearray(b"\x01") * len(self._slot_doc)
+        self._dead = 0
+        dm = self._docmap
+        dm.arr = array("i", map(remap, dm.arr))
+        dm.extra = {d: remap(s) for d, s in dm.extra.items()}
+        n_post = n_arr = n_single = 0
+        used = bytearray(len(self._terms))
+        for f in range(len(FIELDS)):
+            slots_f, keys_f, maxtf_f = self._slots[f], self._keys[f], self._maxtf[f]
+            for tid, p in enumerate(slots_f):
+                if p is None:
+                    continue
+                if type(p) is int:
+                    if alive[p]:
+                        slots_f[tid] = newslot[p]
+                        n_single += 1
+                        used[tid] = 1
+                    else:
+                        slots_f[tid] = keys_f[tid] = None
+                        maxtf_f[tid] = 0
+                    continue
+                mask = bytes(map(alive.__getitem__, p))
+                ks = array("H", compress(keys_f[tid], mask))
+                if len(ks) > 1:
+                    slots_f[tid] = array("I", map(remap, compress(p, mask)))
+                    keys_f[tid] = ks
+                    maxtf_f[tid] = max(ks) >> _DL_BITS
+                    n_post += len(ks)
+                    n_arr += 2
+                    used[tid] = 1
+                elif len(ks) == 1:
+                    slots_f[tid] = remap(next(compress(p, mask)))
+                    keys_f[tid] = ks[0]
+                    maxtf_f[tid] = ks[0] >> _DL_BITS
+                    n_single += 1
+                    used[tid] = 1
+                else:
+                    slots_f[tid] = keys_f[tid] = None
+                    maxtf_f[tid] = 0
+        for tid, term in enumerate(self._terms):
+            if term is not None and not used[tid]:
+                del self._vocab[term]
+                self._terms[tid] = None
+                self._free_tids.append(tid)
+                self._term_bytes -= sys.getsizeof(term)
+        self._n_postings, self._n_arrays, self._n_single = n_post, n_arr, n_single
+        self._maxtf_all = [max(m, default=0) for m in self._maxtf]
+        self._char_terms = None
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def doc_count(self) -> int:
+        return self._live
+
+    def memory_bytes(self) -> int:
+        nf = len(FIELDS)
+        b = sys.getsizeof(self._vocab) + self._term_bytes + sys.getsizeof(self._terms)
+        b += sys.getsizeof(self._free_tids)
+        b += len(self._vocab) * _SIZEOF_INT  # tid ints (small ones are shared; overestimates a bit)
+        for f in range(nf):
+            b += sys.getsizeof(self._slots[f]) + sys.getsizeof(self._keys[f])
+            b += sys.getsizeof(self._maxtf[f]) + sys.getsizeof(self._lens[f])
+        # posting arrays: data (+1/16 growth slack of array.append) and headers; lone postings
+        # are two ints (slot, key)
+        b += self._n_arrays * _SIZEOF_ARRAY + (self._n_postings * 6 * 17) // 16
+        b += self._n_single * 2 * _SIZEOF_INT
+        b += sys.getsizeof(self._slot_doc) + sys.getsizeof(self._alive) + self._docmap.nbytes()
+        for (_, rows), t in self._tables.items():
+            b += sys.getsizeof(t) + (rows << _DL_BITS) * _SIZEOF_FLOAT
+        if self._char_terms is not None:
+            b += sys.getsizeof(self._char_terms) + sum(
+                sys.getsizeof(a) + 2 * _SIZEOF_INT for a in self._char_terms.values()
+            )
+        return b
+
+    def _table(self, f: int) -> list[float]:
+        """Impact by key for field f: BM25's tf part at the field's average length (quantised to
+        1/64 octave so the table is rebuilt only when the average really moves).  Rows for tf
+        buckets no posting of the field uses are left as shared zeros."""
+        nonempty = self._nonempty[f]
+        avg = self._total_len[f] / nonempty if nonempty else 1.0
+        q = 2.0 ** (round(math.log2(max(avg, 1e-9)) * 64) / 64)
+        rows = self._maxtf_all[f] + 1
+        t = self._tables.get((q, rows))
+        if t is None:
+            if len(self._tables) >= 4:
+                self._tables.clear()
+            c0 = K1 * (1.0 - B)
+            c1 = K1 * B / q
+            k1p = K1 + 1.0
+            t = []
+            for tf in _TF_REP[:rows]:
+                num = tf * k1p
+                base = tf + c0
+                t.extend([num / (base + c1 * dl) for dl in _DL_REP])
+            t.extend([0.0] * ((len(_TF_REP) - rows) << _DL_BITS))
+            self._tables[(q, rows)] = t
+        return t
+
+    def _char_index(self) -> dict[str, array]:
+        if self._char_terms is None:
+            ct: dict[str, array] = {}
+            for term, tid in self._vocab.items():
+                if len(term) == 2 and _CJK_CHAR.match(term):
+                    for c in {term[0], term[1]}:
+                        a = ct.get(c)
+                        if a is None:
+                            ct[c] = array("I", (tid,))
+                        else:
+                            a.append(tid)
+            self._char_terms = ct
+        return self._char_terms
+
+    def _query_lists(self, query: str) -> list:
+        runs = query_runs(query)
+        if not runs:
+            return []
+        weights: Counter = Counter()
+        phrases: list[tuple[str, ...]] = []
+        singles: list[str] = []
+        for run in runs:
+            if run.cjk:
+                grams = tuple(dict.fromkeys(run.terms))
+                weights.update(grams)
+                if len(grams) > 1:
+                    phrases.append(grams)
+                elif len(grams[0]) == 1:
+                    singles.append(grams[0])
+            else:
+                weights.update(run.terms)
+        nf = len(FIELDS)
+        tables = [self._table(f) for f in range(nf)]
+        vocab = self._vocab
+        lists: list = []
+        by_term: dict[tuple[str, int], _TermList] = {}
+        for term, qtf in weights.items():
+            tid = vocab.get(term)
+            if tid is None:
+                continue
+            for f in range(nf):
+                p = self._slots[f][tid]
+                if p is None:
+                    continue
+                df = 1 if type(p) is int else len(p)
+                w = FIELD_WEIGHTS[f] * _idf(df, self._nonempty[f]) * qtf
+                tl = _TermList(f, p, self._keys[f][tid], w, tables[f], self._maxtf[f][tid])
+                lists.append(tl)
+                by_term[(term, f)] = tl
+        for grams in dict.fromkeys(phrases):
+            for f in range(nf):
+                parts = [by_term.get((g, f)) for g in grams]
+                if all(parts):
+                    bonus = sum(tl.ub for tl in parts)
+                    lists.append(_PhraseBonus(f, [tl.slots for tl in parts], bonus))
+        for ch in dict.fromkeys(singles):
+            lists.extend(self._char_lists(ch, tables, weights[ch]))
+        return lists
+
+    def _char_lists(self, ch: str, tables, qtf: int) -> list:
+        """One-character CJK query: the unigram (indexed only for one-character runs) plus the
+        bigrams holding the character, merged into one synthetic term per field whose df is the
+        number of docs reached; a doc counts its best posting among them."""
+        tids = self._char_index().get(ch, ())
+        out = []
+        for f in range(len(FIELDS)):
+            slots_f, keys_f = self._slots[f], self._keys[f]
+            t = tables[f]
+            best: dict[int, float] = {}  # slot → best impact among the expansions
+            budget = _CHAR_EXPANSION_BUDGET
+            for tid in tids:
+                p = slots_f[tid]
+                if p is None:
+                    continue
+                if type(p) is int:
+                    v = t[keys_f[tid]]
+                    if best.get(p, -1.0) < v:
+                        best[p] = v
+                    budget -= 1
+                else:
+                    get = best.get
+                    for s, k in zip(p, keys_f[tid]):
+                        v = t[k]
+                        if get(s, -1.0) < v:
+                            best[s] = v
+                    budget -= len(p)
+                if budget <= 0:
+                    break
+            if not best:
+                continue
+            w = FIELD_WEIGHTS[f] * _idf(len(best), self._nonempty[f]) * qtf
+            out.append(_MaterialList(f, {s: w * v for s, v in best.items()}))
+        return out
+
+    def search(
+        self,
+        query: str,
+        limit: int,
+        accept: Callable[[int], bool] | None = None,
+        tiebreak: Callable[[int], tuple] | None = None,
+    ) -> list[Hit]:
+        if limit <= 0 or not self._live:
+            return []
+        lists = self._query_lists(query)
+        if not lists:
+            return []
+        lists.sort(key=lambda tl: -tl.ub)
+        n = len(lists)
+        rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
+        for i in range(n - 1, -1, -1):
+            rem[i] = rem[i + 1] + lists[i].ub
+        rem_size = [0] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            rem_size[i] = rem_size[i + 1] + lists[i].size
+
+        alive = self._alive
+        slot_doc = self._slot_doc
+        verdict: dict[int, bool] = {}
+
+        def ok(s: int) -> bool:
+            v = verdict.get(s)
+            if v is None:
+                v = verdict[s] = bool(alive[s]) and (accept is None or bool(accept(slot_doc[s])))
+            return v
+
+        acc: dict[int, float] = {}
+        i = 0
+        top = None
+        total = rem[0]
+        while i < n:
+            # Worth checking whether newcomers are already shut out only if that saves real work,
+            # and only possible once what was scanned can outweigh what is left.
+            if i and total - rem[i] > rem[i] and len(acc) >= limit and rem_size[i] > len(acc):
+                top = self._shut_out(acc, rem[i], limit, ok)
+                if top is not None:
+                    break
+            lists[i].scan_into(acc)
+            i += 1
+
+        if top is not None:
+            # MaxScore's second phase: no doc outside acc can reach the `limit` verified docs in
+            # `top`, so the remaining lists are only probed for the docs of acc that still can.
+            theta = min(map(acc.__getitem__, top))
+            cut = (theta - rem[i]) * (1.0 - 1e-9) - 1e-12
+            cands = sorted(filter(alive.__getitem__, compress(acc, map(cut.__le__, acc.values()))))
+            scores = list(map(acc.__getitem__, cands))
+            for j in range(i, n):
+                lists[j].probe(cands, scores)
+                if j + 1 == n:
+                    break
+                # top's scores only rise, so their minimum is a valid, rising threshold
+                theta = min(scores[bisect_left(cands, s)] for s in top)
+                cut = (theta - rem[j + 1]) * (1.0 - 1e-9) - 1e-12
+                mask = list(map(cut.__le__, scores))
+                if not all(mask):
+                    cands = list(compress(cands, mask))
+                    scores = list(compress(scores, mask))
+            acc = dict(zip(cands, scores))
+        pool = self._top_pool(acc, limit, ok)
+
+        # Exact per-field scores for the finalists, then the final order.
+        hits = []
+        for s in pool:
+            fs = [0.0, 0.0, 0.0]
+            for tl in lists:
+                v = tl.value(s)
+                if v:
+                    fs[tl.field] += v
+            hits.append(Hit(slot_doc[s], fs[0] + fs[1] + fs[2], fs[0], fs[1], fs[2]))
+        if tiebreak is None:
+            return nlargest(limit, hits, key=lambda h: (h.score, h.doc))
+        return nlargest(limit, hits, key=lambda h: (h.score, tiebreak(h.doc)))
+
+    @staticmethod
+    def _shut_out(acc: dict, bound: float, limit: int, ok: Callable[[int], bool]) -> list | None:
+        """`limit` acceptable slots of acc each scoring above `bound` (what a doc not yet in acc
+        could still reach), or None.  Counts in C first; asks `ok` best-first and only then."""
+        r = bound * (1.0 + 1e-9) + 1e-12
+        if sum(map(r.__lt__, acc.values())) < limit:
+            return None
+        strong = list(compress(acc, map(r.__lt__, acc.values())))
+        m = 2 * limit + 8
+        if len(strong) > 2 * m:  # usually the best few pass: avoid sorting them all
+            top = [s for s in nlargest(m, strong, key=acc.__getitem__) if ok(s)]
+            if len(top) >= limit:
+                return top[:limit]
+        top = []
+        for s in sorted(strong, key=acc.__getitem__, reverse=True):
+            if ok(s):
+                top.append(s)
+                if len(top) == limit:
+                    return top
+        return None
+
+    @staticmethod
+    def _top_pool(acc: dict, limit: int, ok: Callable[[int], bool]) -> list[int]:
+        """Acceptable slots scoring within float noise of the limit-th best acceptable score.
+        Asks `ok` about as few docs as it can: best scores first, widening while too few pass."""
+        m = limit * 2 + 8
+        while True:
+            if m >= len(acc):
+                good = [s for s in acc if ok(s)]
+                if len(good) <= limit:
+                    return good
+                theta = nlargest(limit, map(acc.__getitem__, good))[-1]
+                cut = theta * (1.0 - 1e-9) - 1e-12
+                return [s for s in good if acc[s] >= cut]
+            cut0 = nlargest(m, acc.values())[-1]
+            good = [s for s in compress(acc, map(cut0.__le__, acc.values())) if ok(s)]
+            if len(good) >= limit:
+                theta = nlargest(limit, map(acc.__getitem__, good))[-1]
+                cut = theta * (1.0 - 1e-9) - 1e-12
+                # ties at the boundary may extend past the first m
+                return [s for s in compress(acc, map(cut.__le__, acc.values())) if ok(s)]
+            m *= 4
+
+    # --- snapshot -----------------------------------------------------------------------------
+
+    def dump(self) -> dict[str, Any]:
+        """A msgpack-able dict of bytes: the state as is (tombstones included, so scores after
+        load are identical), posting lists concatenated per field."""
+        fields = []
+        for f in range(len(FIELDS)):
+            slots_f, keys_f = self._slots[f], self._keys[f]
+            tids = array("I")
+            counts = array("I")
+            all_slots = array("I")
+            all_keys = array("H")
+            for tid, p in enumerate(slots_f):
+                if p is None:
+                    continue
+                tids.append(tid)
+                if type(p) is int:
+                    counts.append(1)
+                    all_slots.append(p)
+                    all_keys.append(keys_f[tid])
+                else:
+                    counts.append(len(p))
+                    all_slots.extend(p)
+                    all_keys.extend(keys_f[tid])
+            fields.append(
+                {
+                    "tids": tids.tobytes(),
+                    "counts": counts.tobytes(),
+                    "slots": all_slots.tobytes(),
+                    "keys": all_keys.tobytes(),
+                    "maxtf": bytes(self._maxtf[f]),
+                    "lens": self._lens[f].tobytes(),
+                    "total": self._total_len[f],
+                    "nonempty": self._nonempty[f],
+                }
+            )
+        return {
+            "format": _FORMAT,
+            "byteorder": sys.byteorder,
+            "terms": "\n".join(t if t is not None else "" for t in self._terms),
+            "slot_doc": self._slot_doc.tobytes(),
+            "alive": bytes(self._alive),
+            "docmap": self._docmap.arr.tobytes(),
+            "docmap_extra": [[d, sl] for d, sl in self._docmap.extra.items()],
+            "fields": fields,
+        }
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> "SearchIndex":
+        """Raises ValueError on anything that is not a dump of this format."""
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise ValueError("not a search index dump")
+        try:
+            return cls._load(data)
+        except (KeyError, TypeError, IndexError, AttributeError, OverflowError, UnicodeError) as exc:
+            raise ValueError(f"corrupt search index dump ({type(exc).__name__})") from None
+
+    @classmethod
+    def _load(cls, data: dict[str, Any]) -> "SearchIndex":
+        swap = data["byteorder"] != sys.byteorder
+
+        def arr(code: str, raw: bytes) -> array:
+            a = array(code)
+            a.frombytes(raw)
+            if swap:
+                a.byteswap()
+            return a
+
+        def check(ok: bool) -> None:
+            if not ok:
+                raise ValueError("corrupt search index dump")
+
+        self = cls()
+        terms_text = data["terms"]
+        check(isinstance(terms_text, str))
+        terms: list[str | None] = terms_text.split("\n") if terms_text else []
+        for tid, t in enumerate(terms):
+            if not t:
+                terms[tid] = None
+                self._free_tids.append(tid)
+        self._terms = terms
+        self._vocab = {t: tid for tid, t in enumerate(terms) if t is not None}
+        check(len(self._vocab) + len(self._free_tids) == len(terms))
+        self._term_bytes = sum(map(sys.getsizeof, self._vocab))
+        nt = len(terms)
+        self._slot_doc = arr("Q", data["slot_doc"])
+        self._alive = bytearray(data["alive"])
+        nslots = len(self._slot_doc)
+        check(len(self._alive) == nslots and self._alive.count(1) + self._alive.count(0) == nslots)
+        self._live = self._alive.count(1)
+        self._dead = self._unswept = nslots - self._live
+        dm = self._docmap
+        dm.arr = arr("i", data["docmap"])
+        dm.extra = {int(d): int(sl) for d, sl in data["docmap_extra"]}
+        check(not dm.arr or max(dm.arr) < nslots)
+        check(len(dm.arr) - dm.arr.count(-1) + len(dm.extra) == self._live)
+        fields = data["fields"]
+        check(isinstance(fields, list) and len(fields) == len(FIELDS))
+        for f, fd in enumerate(fields):
+            slots_f = [None] * nt
+            keys_f = [None] * nt
+            tids = arr("I", fd["tids"])
+            counts = arr("I", fd["counts"])
+            all_slots = arr("I", fd["slots"])
+            all_keys = arr("H", fd["keys"])
+            check(len(tids) == len(counts) and (not tids or max(tids) < nt))
+            check(len(all_slots) == len(all_keys) == sum(counts) and 0 not in counts)
+            check(not all_slots or max(all_slots) < nslots)
+            off = 0
+            for tid, c in zip(tids, counts):
+                if c == 1:
+                    slots_f[tid] = all_slots[off]
+                    keys_f[tid] = all_keys[off]
+                    self._n_single += 1
+                else:
+                    slots_f[tid] = all_slots[off : off + c]
+                    keys_f[tid] = all_keys[off : off + c]
+                    self._n_arrays += 2
+                    self._n_postings += c
+                off += c
+            self._slots[f] = slots_f
+            self._keys[f] = keys_f
+            self._maxtf[f] = bytearray(fd["maxtf"])
+            self._lens[f] = arr("I", fd["lens"])
+            self._total_len[f] = int(fd["total"])
+            self._nonempty[f] = int(fd["nonempty"])
+            check(len(self._maxtf[f]) == nt and len(self._lens[f]) == nslots)
+            self._maxtf_all[f] = max(self._maxtf[f], default=0)
+        return self

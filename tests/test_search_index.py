@@ -1,0 +1,422 @@
+import math
+import random
+import threading
+
+import msgpack
+import pytest
+
+from storaged.search import FIELD_WEIGHTS, Hit, SearchIndex
+from storaged.tokenize import index_terms, normalize, query_runs, stem
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def make(docs):
+    ix = SearchIndex()
+    for doc, content, *rest in docs:
+        summary = rest[0] if rest else None
+        tags = rest[1] if len(rest) > 1 else ()
+        ix.add(doc, content, summary, tags)
+    return ix
+
+
+def ids(hits):
+    return [h.doc for h in hits]
+
+
+# --- tokenizer ------------------------------------------------------------------------------------
+
+
+def test_nfkc_and_casefold():
+    assert normalize("ＡＢＣ") == "abc"
+    assert index_terms("ＡＢＣ") == ["abc"]
+    assert index_terms("Straße STRASSE") == ["strass", "strass"]
+    assert index_terms("ｶﾀｶﾅ") == index_terms("カタカナ")  # half-width katakana folded by NFKC
+    assert index_terms("１２３") == ["123"]
+
+
+@pytest.mark.parametrize(
+    "word,expected",
+    [
+        ("caresses", "caress"), ("ponies", "poni"), ("running", "run"), ("hopping", "hop"),
+        ("painted", "paint"), ("painting", "paint"), ("paints", "paint"), ("relational", "relat"),
+        ("generalizations", "gener"), ("happy", "happi"), ("adoption", "adopt"),
+        ("sky", "sky"), ("agreed", "agre"), ("motoring", "motor"), ("filing", "file"),
+    ],
+)
+def test_porter_stemmer(word, expected):
+    assert stem(word) == expected
+
+
+def test_word_normalisation():
+    # possessives, contractions, stop words, thousands separators, ordinals
+    assert index_terms("Caroline's kids' books") == ["carolin", "kid", "book"]
+    assert index_terms("I'm sure it isn't the one") == ["sure", "on"]
+    assert index_terms("1,000 dollars") == ["1000", "dollar"]
+    assert index_terms("May 7th") == ["mai", "7"]
+    assert index_terms("the and of") == []
+
+
+def test_letters_and_digits_indexed_whole_and_by_parts():
+    assert sorted(index_terms("python3")) == ["3", "python", "python3"]
+    ix = make([(1, "Python3でスクリプトを書いた"), (2, "python is fun"), (3, "v3 release")])
+    assert set(ids(ix.search("python", 10))) == {1, 2}
+    assert ids(ix.search("python3", 10)) == [1]
+
+
+def test_cjk_bigrams_and_unigrams():
+    assert index_terms("移行") == ["移行"]
+    assert index_terms("データ") == ["デー", "ータ"]
+    assert index_terms("猫 が") == ["猫", "が"]
+    assert sorted(index_terms("DB移行はv2で")) == sorted(["db", "v2", "2", "移行", "行は", "で"])
+    assert sorted(index_terms("한국어")) == sorted(["한국", "국어"])
+    runs = query_runs("データベース移行 and DB")
+    assert runs[0].cjk and runs[0].terms[0] == "デー" and runs[0].terms[-1] == "移行"
+    assert runs[-1].terms == ("db",)
+
+
+# --- matching -------------------------------------------------------------------------------------
+
+
+JA = [
+    (1, "本番データベースの移行を決定した"),
+    (2, "昨日は京都で抹茶を飲んだ"),
+    (3, "DB移行はv2で実施する予定"),
+    (4, "データの整理を来週やる"),
+    (5, "ベースキャンプに行った話"),
+    (6, "猫が好きです"),
+]
+
+
+def test_japanese_without_spaces():
+    ix = make(JA)
+    hits = ix.search("データベース移行", 10)
+    assert hits[0].doc == 1
+    assert 3 in ids(hits)  # shares 移行
+
+
+def test_two_character_query():
+    ix = make(JA)
+    assert set(ids(ix.search("移行", 10))) == {1, 3}
+    assert ids(ix.search("京都", 10)) == [2]
+
+
+def test_one_character_query():
+    ix = make(JA + [(7, "猫")])
+    assert set(ids(ix.search("猫", 10))) == {6, 7}
+
+
+def test_mixed_script():
+    ix = make(JA + [(8, "we use v2 now")])
+    hits = ix.search("DB移行", 10)
+    assert hits[0].doc == 3
+    assert ids(ix.search("v2", 10))[0] in (3, 8)
+    assert set(ids(ix.search("v2", 10))) == {3, 8}
+
+
+def test_whole_phrase_ranks_first():
+    # 4 has the phrase; 5 and 6 have only parts (and are shorter, with repeats)
+    ix = make(
+        [
+            (4, "新しいデータベース移行ツールについての長い議論と、その他いろいろな話題の記録"),
+            (5, "データベースデータベースデータベース"),
+            (6, "移行移行移行"),
+            (7, "データベースの移行"),
+        ]
+    )
+    assert ids(ix.search("データベース移行", 10))[0] == 4
+
+
+# --- ranking --------------------------------------------------------------------------------------
+
+
+def test_ranking_more_relevant_first():
+    ix = make(
+        [
+            (1, "We talked about the weather and lunch."),
+            (2, "The database migration to Postgres is decided for Friday."),
+            (3, "Postgres is nice."),
+            (4, "Migration of birds in autumn."),
+        ]
+        + [(10 + i, f"unrelated chatter number {i} about cats") for i in range(30)]
+    )
+    hits = ix.search("postgres database migration", 10)
+    assert hits[0].doc == 2
+    assert set(ids(hits)) == {2, 3, 4}
+    assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
+    # rare terms weigh more than common ones
+    assert ids(ix.search("cats postgres", 1)) == [3]
+
+
+def test_stemmed_match():
+    ix = make([(1, "She painted a sunrise"), (2, "Nothing here")])
+    assert ids(ix.search("painting sunrises", 5)) == [1]
+
+
+def test_fields_and_breakdown():
+    ix = make(
+        [
+            (1, "Lunch with Ana", "Discussed the budget", ["finance"]),
+            (2, "Budget review tomorrow", None, ()),
+            (3, "Nothing relevant", None, ["budget"]),
+        ]
+    )
+    hits = {h.doc: h for h in ix.search("budget", 10)}
+    assert set(hits) == {1, 2, 3}
+    assert hits[1].summary > 0 and hits[1].content == 0 and hits[1].tags == 0
+    assert hits[2].content > 0 and hits[2].summary == 0
+    assert hits[3].tags > 0 and hits[3].content == 0
+    for h in hits.values():
+        assert h.score == h.content + h.summary + h.tags
+    assert isinstance(next(iter(hits.values())), Hit)
+    assert FIELD_WEIGHTS[0] >= FIELD_WEIGHTS[1] >= FIELD_WEIGHTS[2]
+
+
+def test_tiebreak_order():
+    ix = make([(d, "identical text about gardening") for d in (3, 1, 2, 5, 4)])
+    # no tiebreak: doc descending
+    assert ids(ix.search("gardening", 10)) == [5, 4, 3, 2, 1]
+    importance = {1: 90, 2: 10, 3: 90, 4: 50, 5: 10}
+    hits = ix.search("gardening", 10, tiebreak=lambda d: (importance[d], d))
+    assert ids(hits) == [3, 1, 4, 5, 2]
+    assert ids(ix.search("gardening", 2, tiebreak=lambda d: (importance[d], d))) == [3, 1]
+
+
+def test_accept_filter_called_only_on_matches():
+    ix = make([(d, f"note {d} about {'cats' if d % 2 else 'dogs'}") for d in range(1, 41)])
+    seen = []
+
+    def accept(d):
+        seen.append(d)
+        return d % 4 == 1
+
+    hits = ix.search("cats", 100, accept=accept)
+    assert ids(hits) and all(d % 4 == 1 for d in ids(hits))
+    assert set(ids(hits)) == {d for d in range(1, 41) if d % 4 == 1}
+    assert all(d % 2 == 1 for d in seen)  # only docs matching the query were asked about
+    assert ix.search("cats", 10, accept=lambda d: False) == []
+
+
+def test_limit():
+    ix = make([(d, "same words here") for d in range(1, 51)])
+    assert len(ix.search("words", 7)) == 7
+    assert ids(ix.search("words", 3)) == [50, 49, 48]
+    assert ix.search("words", 0) == []
+
+
+def test_query_without_indexable_tokens():
+    ix = make([(1, "the cat")])
+    assert ix.search("", 10) == []
+    assert ix.search("the of and !!!", 10) == []
+    assert ix.search("   ", 10) == []
+    assert ix.search("zebra", 10) == []
+
+
+# --- updates --------------------------------------------------------------------------------------
+
+
+def test_remove_and_readd():
+    ix = make([(1, "alpha beta"), (2, "alpha gamma"), (3, "delta")])
+    ix.remove(2)
+    ix.remove(2)  # no-op
+    ix.remove(99)  # no-op
+    assert ids(ix.search("alpha", 10)) == [1]
+    assert ix.search("gamma", 10) == []
+    assert ix.doc_count() == 2
+    ix.add(2, "omega", None, ())
+    assert ix.search("gamma", 10) == []
+    assert ids(ix.search("omega", 10)) == [2]
+    assert ix.doc_count() == 3
+    with pytest.raises(ValueError):
+        ix.add(2, "again", None, ())
+
+
+def test_out_of_order_add_and_big_doc_ids():
+    ix = SearchIndex()
+    for d in (50, 3, 10**12, 7, 2**40 + 5):
+        ix.add(d, f"word{d % 7} shared", None, ())
+    assert sorted(ids(ix.search("shared", 10))) == sorted([50, 3, 10**12, 7, 2**40 + 5])
+    ix.remove(10**12)
+    assert 10**12 not in ids(ix.search("shared", 10))
+
+
+def test_compaction_bounds_memory_and_keeps_results():
+    rng = random.Random(3)
+    words = [f"w{i}" for i in range(300)]
+    texts = {d: " ".join(rng.choices(words, k=8)) for d in range(1, 3001)}
+    ix = SearchIndex()
+    for d, t in texts.items():
+        ix.add(d, t, None, ())
+    base_mem = ix.memory_bytes()
+    base_postings = ix._n_postings
+    # heavy update churn: re-index every doc several times; the sweeper purges dead postings
+    # and slots get renumbered without any explicit call
+    for _ in range(6):
+        for d, t in texts.items():
+            ix.remove(d)
+            ix.add(d, t, None, ())
+        assert ix._n_postings < base_postings * 1.3
+        assert ix.memory_bytes() < base_mem * 1.4
+        assert len(ix._slot_doc) <= 3 * 3000
+    assert ids(ix.search("w1", 3000)) == ids(ix.search("w1", 3000))  # still consistent
+    ix.compact()
+    assert ix._dead == 0
+    # after compaction the statistics equal those of a fresh index over the same live docs
+    order = [ix._slot_doc[s] for s in range(len(ix._slot_doc))]
+    fresh = SearchIndex()
+    for d in order:
+        fresh.add(d, texts[d], None, ())
+    for q in ["w1 w2", "w17", "w200 w3 w99", "w5"]:
+        assert ix.search(q, 20) == fresh.search(q, 20)
+
+
+def test_removed_terms_are_freed():
+    ix = SearchIndex()
+    for d in range(1, 2001):
+        ix.add(d, f"unique{d} common", None, ())
+    for d in range(1, 2001, 2):
+        ix.remove(d)
+    ix.compact()
+    assert "unique1" not in ix._vocab and "unique2" in ix._vocab
+    ix.add(5000, "fresh unique1", None, ())
+    assert ids(ix.search("unique1", 5)) == [5000]
+
+
+# --- snapshot, memory -----------------------------------------------------------------------------
+
+
+def corpus(n, seed=1):
+    rng = random.Random(seed)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()
+    ja = ["データベース", "移行", "京都", "旅行", "猫", "会議", "予定"]
+    docs = []
+    for d in range(1, n + 1):
+        content = " ".join(rng.choices(words, k=rng.randint(2, 12))) + "".join(rng.choices(ja, k=2))
+        summary = " ".join(rng.choices(words, k=3)) if rng.random() < 0.3 else None
+        tags = rng.sample(["work", "home", "idea"], rng.randint(0, 2))
+        docs.append((d, content, summary, tags))
+    return docs
+
+
+QUERIES = ["alpha", "beta gamma", "zeta kappa mu", "データベース移行", "京都", "猫", "work", "idea alpha"]
+
+
+def test_dump_load_round_trip_identical():
+    ix = make(corpus(600))
+    for d in range(5, 600, 7):
+        ix.remove(d)
+    ix.add(5, "alpha readded 京都旅行", None, ["work"])
+    ix.add(10**12, "alpha far away", None, ())
+    blob = msgpack.packb(ix.dump())
+    back = SearchIndex.load(msgpack.unpackb(blob))
+    assert back.doc_count() == ix.doc_count()
+    for q in QUERIES:
+        for limit in (1, 10, 100):
+            assert back.search(q, limit) == ix.search(q, limit)
+    assert back.search("alpha", 50, accept=lambda d: d % 3 == 0) == ix.search(
+        "alpha", 50, accept=lambda d: d % 3 == 0
+    )
+    # the loaded index keeps working as a writable index
+    back.add(10_000, "brand new xylophone", None, ())
+    back.remove(1)
+    back.remove(10**12)
+    assert ids(back.search("xylophone", 5)) == [10_000]
+    assert ids(ix.search("far", 5)) == [10**12] and back.search("far", 5) == []
+    assert 1 not in ids(back.search("alpha", 1000))
+
+
+def test_load_rejects_garbage():
+    with pytest.raises(ValueError):
+        SearchIndex.load({"format": "nope"})
+    with pytest.raises(ValueError):
+        SearchIndex.load(b"xx")
+
+
+def test_empty_index():
+    ix = SearchIndex()
+    assert ix.search("anything", 10) == []
+    back = SearchIndex.load(msgpack.unpackb(msgpack.packb(ix.dump())))
+    assert back.doc_count() == 0 and back.search("anything", 10) == []
+
+
+def test_memory_bytes_grows_with_docs():
+    ix = SearchIndex()
+    m0 = ix.memory_bytes()
+    docs = corpus(2000)
+    for d in docs[:200]:
+        ix.add(*d)
+    m1 = ix.memory_bytes()
+    for d in docs[200:]:
+        ix.add(*d)
+    m2 = ix.memory_bytes()
+    assert m0 < m1 < m2
+    assert m2 - m1 > 2 * (m1 - m0)  # 9x the docs, same small vocabulary
+    assert m2 < 2000 * 1000
+
+
+# --- exactness of the pruned top-k against a brute-force scan ---------------------------------------
+
+
+def brute(ix, q, limit, accept=None):
+    lists = ix._query_lists(q)
+    out = []
+    for s in range(len(ix._slot_doc)):
+        if not ix._alive[s]:
+            continue
+        d = ix._slot_doc[s]
+        if accept and not accept(d):
+            continue
+        fs = [0.0, 0.0, 0.0]
+        for tl in lists:
+            fs[tl.field] += tl.value(s)
+        if any(fs):
+            out.append((fs[0] + fs[1] + fs[2], d))
+    out.sort(reverse=True)
+    return out[:limit]
+
+
+def test_pruned_search_equals_brute_force():
+    rng = random.Random(11)
+    vocab = [f"t{i}" for i in range(400)]
+    weights = [1 / (i + 1) for i in range(400)]  # Zipf-like: long and short lists
+    ix = SearchIndex()
+    for d in range(1, 4001):
+        ix.add(d, " ".join(rng.choices(vocab, weights, k=rng.randint(3, 30))), None, ())
+    for d in rng.sample(range(1, 4001), 300):
+        ix.remove(d)
+    for _ in range(60):
+        q = " ".join(rng.choices(vocab, weights, k=rng.randint(1, 6)))
+        for limit, accept in ((1, None), (10, None), (10, lambda d: d % 5 == 0)):
+            got = [(round(h.score, 9), h.doc) for h in ix.search(q, limit, accept=accept)]
+            want = [(round(s, 9), d) for s, d in brute(ix, q, limit, accept)]
+            assert got == want, q
+
+
+def test_bm25_value_matches_formula():
+    ix = make([(1, "apple banana"), (2, "apple"), (3, "cherry")])
+    h = {x.doc: x for x in ix.search("banana", 5)}
+    n, df = 3, 1
+    idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+    from storaged.search import B, K1
+
+    avg = 4 / 3
+    expect = idf * (K1 + 1) / (1 + K1 * (1 - B + B * 2 / avg))
+    assert abs(h[1].content - expect) < 0.01 * expect  # avgdl quantised to 1/64 octave
+
+
+def test_rebuild_in_other_thread_while_querying():
+    old = make(corpus(300))
+    result = {}
+
+    def build():
+        new = SearchIndex()
+        for d in corpus(3000, seed=2):
+            new.add(*d)
+        result["new"] = new
+
+    t = threading.Thread(target=build)
+    t.start()
+    while t.is_alive():
+        assert old.search("alpha beta", 5)
+    t.join()
+    assert result["new"].doc_count() == 3000
