@@ -87,15 +87,23 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
 
 
 def install(store: Store, p: Prepared) -> dict[str, Any]:
-    """Swap the prepared files and structures in. Returns the contract's result."""
+    """Swap the prepared files and structures in. Returns the contract's result.
+
+    Once the new log has been renamed into place the store follows it whatever fails afterwards:
+    appending to the old, unlinked file would lose every later write. A failure after that point
+    leaves a consistent store (the snapshot is only an accelerator); if the directory could not be
+    synced, the rename is not known to be durable, so mutations are refused until a restart.
+    """
     io = store.io
     tmp_snapshot = store.snapshot_path + snapshot.TMP_SUFFIX
-    io.replace(store.log_path + COMPACT_SUFFIX, store.log_path)
-    io.replace(tmp_snapshot, store.snapshot_path)
-    io.sync_dir(store.dir)
+    try:
+        io.replace(store.log_path + COMPACT_SUFFIX, store.log_path)
+    except OSError:
+        discard(store)
+        raise
     if store.writer is not None:
         store.writer.close()
-    store.writer = logfile.LogWriter(io, store.log_path, p.salt, p.log_size)
+        store.writer = None
     store.salt = p.salt
     for m, size in zip(store.by_seq.values(), p.rec_sizes):
         m.rec_size = size
@@ -105,7 +113,29 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
     store.update_records = 0
     store.deleted_messages = 0
     store.search = p.search
-    store.snapshot_pos = p.log_size
+    store.snapshot_pos = -1
+    failure: OSError | None = None
+    try:
+        io.replace(tmp_snapshot, store.snapshot_path)
+        snapshot_installed = True
+    except OSError as exc:
+        failure, snapshot_installed = exc, False
+        _quiet_remove(io, tmp_snapshot)
+    try:
+        io.sync_dir(store.dir)
+    except OSError as exc:
+        store.broken = f"the directory could not be synced after the rebuild swapped the log: {exc.strerror or exc}"
+        store.last_error = store.broken
+        raise
+    try:
+        store.writer = logfile.LogWriter(io, store.log_path, p.salt, p.log_size)
+    except OSError as exc:
+        store.broken = f"the rebuilt log could not be opened: {exc.strerror or exc}"
+        store.last_error = store.broken
+        raise
+    if failure is not None:
+        raise failure
+    store.snapshot_pos = p.log_size if snapshot_installed else -1
     store.snapshot_valid = True
     return {
         "status": "OK",
@@ -116,10 +146,17 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
     }
 
 
+def _quiet_remove(io, path: str) -> None:
+    try:
+        io.remove(path)
+    except OSError:
+        pass
+
+
 def discard(store: Store) -> None:
-    """Remove the temporary files of a failed rebuild."""
+    """Remove the temporary files of a failed rebuild (best effort: they are removed at start anyway)."""
     for path in (store.log_path + COMPACT_SUFFIX, store.snapshot_path + snapshot.TMP_SUFFIX):
-        store.io.remove(path)
+        _quiet_remove(store.io, path)
 
 
 def rebuild(store: Store) -> dict[str, Any]:

@@ -40,5 +40,6 @@ def decode(key: bytes, token: str, view: str, scope: str) -> list[Any]:
     if c_view != view:
         raise invalid(f"cursor belongs to another view, not {view}")
     if c_scope != scope:
-        raise invalid("cursor belongs to another session_id")
+        raise invalid("cursor was issued for other parameters (another session_id, or another sessions "
+                      "window or order)")
     return position

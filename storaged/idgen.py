@@ -27,18 +27,27 @@ class IdClock:
         self.last_id_ms = 0
         self.last_rand = 0
         self.last_id = ""
+        self._decoded = True
 
     def observe_id(self, ulid: str) -> None:
+        # Canonical ULID strings sort like their values; decoding waits until an id is needed,
+        # so replaying a million records does not decode a million ids.
         if ulid > self.last_id:
             self.last_id = ulid
-            self.last_id_ms, self.last_rand = ulid_parts(ulid)
+            self._decoded = False
+
+    def _decode_last(self) -> None:
+        if not self._decoded:
+            self.last_id_ms, self.last_rand = ulid_parts(self.last_id)
             self.observe_ms(self.last_id_ms)
+            self._decoded = True
 
     def observe_ms(self, ms: int) -> None:
         if ms > self.last_ms:
             self.last_ms = ms
 
     def now_ms(self) -> int:
+        self._decode_last()
         ms = max(self._wall_ms(), self.last_ms)
         self.last_ms = ms
         return ms

@@ -16,9 +16,10 @@ KIND_INDEX = {kind: i for i, kind in enumerate(L.MEMORY_KINDS)}
 
 
 class Session:
-    __slots__ = ("seqs", "kind_counts", "summary_seqs")
+    __slots__ = ("sid", "seqs", "kind_counts", "summary_seqs")
 
-    def __init__(self) -> None:
+    def __init__(self, sid: str) -> None:
+        self.sid = sid                     # the one copy of the id that this session's messages share
         self.seqs: list[int] = []          # live messages, creation order
         self.kind_counts = [0] * len(L.MEMORY_KINDS)
         self.summary_seqs: list[int] = []  # those of them with a summary, for representative_summary

@@ -149,12 +149,14 @@ class LogWriter:
     def create(cls, io: FileIO, path: str) -> "LogWriter":
         """A new, empty log with a fresh salt, made durable before it is used."""
         salt = os.urandom(16)
-        fd = io.open_new(path)
+        tmp = path + ".new"
+        fd = io.open_new(tmp)
         try:
             io.write(fd, make_header(salt))
             io.sync(fd)
         finally:
             io.close(fd)
+        io.replace(tmp, path)  # a crash before this leaves no log at all, never half a header
         io.sync_dir(os.path.dirname(path) or ".")
         return cls(io, path, salt, HEADER_SIZE)
 

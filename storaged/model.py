@@ -6,6 +6,7 @@ than their text. ``to_dict`` builds the contract's Message object only when a re
 from __future__ import annotations
 
 import sys
+from sys import intern
 from typing import Any
 
 
@@ -48,8 +49,10 @@ class Message:
 
     @classmethod
     def from_fields(cls, f: list[Any], rec_size: int = 0) -> "Message":
-        return cls(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], tuple(f[9]), f[10], f[11], f[12],
-                   f[13], tuple((r[0], r[1]) for r in f[14]), tuple(f[15]), rec_size)
+        # enum-like strings are interned: a million messages share one "user", not a million copies
+        return cls(f[0], f[1], f[2], f[3], intern(f[4]), f[5], f[6], f[7], f[8], tuple(f[9]) if f[9] else (),
+                   intern(f[10]), intern(f[11]), f[12], f[13], tuple((r[0], r[1]) for r in f[14]) if f[14] else (),
+                   tuple(f[15]) if f[15] else (), rec_size)
 
     def metadata(self) -> dict[str, Any]:
         md: dict[str, Any] = {}
@@ -86,20 +89,40 @@ class Message:
         }
 
     def body_bytes(self) -> int:
-        return sys.getsizeof(self.content)
+        return str_bytes(self.content)
 
     def metadata_bytes(self) -> int:
-        n = sys.getsizeof(self.tags) + sum(sys.getsizeof(t) for t in self.tags)
+        n = sys.getsizeof(self.tags) + sum(str_bytes(t) for t in self.tags)
         n += sys.getsizeof(self.relations) + sum(sys.getsizeof(r) + sys.getsizeof(r[1]) for r in self.relations)
         n += sys.getsizeof(self.source_ids) + sum(sys.getsizeof(s) for s in self.source_ids)
         if self.summary is not None:
-            n += sys.getsizeof(self.summary)
+            n += str_bytes(self.summary)
         if self.tool_call_id is not None:
-            n += sys.getsizeof(self.tool_call_id)
+            n += str_bytes(self.tool_call_id)
         return n
 
     def entry_bytes(self) -> int:
         return sys.getsizeof(self) + sys.getsizeof(self.message_id)
+
+
+# A fresh non-ASCII str: header + (length + 1) code units of 1, 2 or 4 bytes.
+_UNICODE_HEADER = sys.getsizeof(chr(0x100) * 2) - 3 * 2
+
+
+def str_bytes(s: str) -> int:
+    """Memory of ``s``, the same whenever it is asked (so that what ``_insert`` adds ``_remove`` takes
+    away). ``sys.getsizeof`` is not: CPython attaches a cached UTF-8 copy to a non-ASCII str once
+    something (msgpack packing, a rebuild) asks for it, and counts it from then on."""
+    if s.isascii():
+        return sys.getsizeof(s)
+    n = len(s)
+    if len(s.encode("latin-1", "ignore")) == n:
+        kind = 1
+    elif len(s.encode("utf-16-le", "surrogatepass")) == 2 * n:
+        kind = 2
+    else:
+        kind = 4
+    return _UNICODE_HEADER + (n + 1) * kind
 
 
 def message_from_args(message_id: str, session_id: str, seq: int, ts: int, role: str, content: str,

@@ -6,6 +6,7 @@ budget; the first item of a page is always served, so paging can never stall.
 from __future__ import annotations
 
 import bisect
+import re
 from typing import Any
 
 from protocol import errors as E
@@ -19,6 +20,9 @@ from .store import Store
 _MESSAGE_OVERHEAD = 420  # the JSON keys and punctuation of a Message object with empty metadata
 
 
+_CONTROL = re.compile("[\x00-\x1f]")
+
+
 def text_json_bytes(s: str) -> int:
     """A close upper estimate of ``s`` as a JSON string (UTF-8, escapes) without encoding it twice."""
     n = len(s)
@@ -26,7 +30,13 @@ def text_json_bytes(s: str) -> int:
         base = n
     else:
         base = len(s.encode("utf-8", "surrogatepass"))
-    return base + 2 + s.count('"') + s.count("\\") + s.count("\n") + s.count("\r") + s.count("\t")
+    extra = s.count('"') + s.count("\\")
+    if _CONTROL.search(s) is not None:
+        # \b \f \n \r \t take two bytes; every other control character six (\u00XX)
+        controls = len(_CONTROL.findall(s))
+        short = s.count("\n") + s.count("\r") + s.count("\t") + s.count("\b") + s.count("\f")
+        extra += short + 5 * (controls - short)
+    return base + 2 + extra
 
 
 def message_json_bytes(m: Message) -> int:
@@ -224,26 +234,51 @@ def session_summary(store: Store, sid: str) -> dict[str, Any]:
 
 
 def sessions(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+    """Sessions by (started_at, session_id), ascending or descending, optionally only those active in
+    [since, until): a session is in the window if it has a message at or after ``since`` and started
+    before ``until``. The cursor is bound to the window and order it was issued for."""
     order = sessions_order(store)
-    i = 0
+    since, until, desc = a["since"], a["until"], a["order"] == "desc"
+    scope = f"{since}|{until}|{a['order']}"
     if a["cursor"] is not None:
-        started, sid = _position(cursor.decode(store.cursor_key, a["cursor"], "sessions", ""), 2)
+        started, sid = _position(cursor.decode(store.cursor_key, a["cursor"], "sessions", scope), 2)
         if not isinstance(started, int) or not isinstance(sid, str):
             raise invalid("cursor is malformed")
-        i = bisect.bisect_right(order, (started, sid))
+        i = bisect.bisect_left(order, (started, sid)) - 1 if desc else bisect.bisect_right(order, (started, sid))
+    else:
+        i = len(order) - 1 if desc else 0
+    step = -1 if desc else 1
+    if until is not None and not desc:
+        stop = bisect.bisect_left(order, (until, ""))  # sessions starting at/after until are out
+    else:
+        stop = len(order)
+    if until is not None and desc:
+        i = min(i, bisect.bisect_left(order, (until, "")) - 1)
     out: list[dict[str, Any]] = []
     used = 0
-    while i < len(order) and len(out) < a["limit"]:
-        item = session_summary(store, order[i][1])
-        size = 300 + text_json_bytes(item["representative_summary"]) + 2 * len(order[i][1].encode("utf-8"))
+    last_key: tuple[int, str] | None = None
+    more = False
+    while 0 <= i < stop:
+        key = order[i]
+        s = store.sessions[key[1]]
+        if since is not None and store.by_seq[s.seqs[-1]].timestamp < since:
+            i += step
+            continue
+        if len(out) >= a["limit"]:
+            more = True
+            break
+        item = session_summary(store, key[1])
+        size = 300 + text_json_bytes(item["representative_summary"]) + 2 * len(key[1].encode("utf-8"))
         if out and used + size > L.RESPONSE_BUDGET_BYTES:
+            more = True
             break
         out.append(item)
         used += size
-        i += 1
+        last_key = key
+        i += step
     reply: dict[str, Any] = {"sessions": out}
-    if i < len(order):
-        reply["nextCursor"] = cursor.encode(store.cursor_key, "sessions", "", list(order[i - 1]))
+    if more and last_key is not None:
+        reply["nextCursor"] = cursor.encode(store.cursor_key, "sessions", scope, list(last_key))
     return reply
 
 
