@@ -227,7 +227,9 @@ UPDATE_DESC = (
 READ_DESC = (
     "Read stored memory, narrow to wide. view='history' (default, needs session_id): a session's messages "
     "in creation order, paged with limit and nextCursor. view='sessions': the list of sessions (message "
-    "counts per kind, representative summary, first/last time), paged the same way. view='context' (needs "
+    "counts per kind, representative summary, first/last time), paged the same way, optionally only those "
+    "active in a time window (since inclusive, until exclusive) and newest first (order='desc'): "
+    "\"what did I work on yesterday\" is one call. view='context' (needs "
     "message_id): one message with its neighbours in the session (before/after) and its relation graph "
     "(relation_depth, relation_types_json) -- use it after search_messages to see what surrounds a hit. "
     "view='content' (needs message_id): one message's content as a UTF-8 byte range (content_offset, "
@@ -306,6 +308,12 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
                       L.CONTEXT_NEIGHBOURS_DEFAULT),
         "relation_depth": _int("context: how many relation hops to follow (both directions).", 0,
                                L.RELATION_DEPTH_MAX, L.RELATION_DEPTH_DEFAULT),
+        "since": {"type": ["integer", "string"], "description": "sessions: only sessions with a message at or "
+                  "after this time (inclusive): epoch milliseconds, or RFC 3339 text with an explicit offset, "
+                  "e.g. \"2026-11-28T00:00:00+09:00\"."},
+        "until": {"type": ["integer", "string"], "description": "sessions: only sessions that started before "
+                  "this time (exclusive); same forms as since. since+until = \"what was I doing then\"."},
+        "order": _enum("sessions: by start time, then session_id.", L.SESSION_ORDERS, L.SESSION_ORDER_DEFAULT),
         "relation_types_json": _text(
             "context: JSON array (as a string) of relation types to follow, from "
             f"{_choices(L.RELATION_TYPES)}; default all. Example: \"[\\\"derived_from\\\"]\".",

@@ -23,6 +23,10 @@ MEMORY_KIND_DEFAULT = "conversation"
 RELATION_TYPES = ("depends_on", "derived_from", "supersedes", "related_to")
 
 VIEWS = ("history", "content", "context", "sessions")
+SESSION_ORDERS = ("asc", "desc")           # sessions view: by started_at, then session_id
+SESSION_ORDER_DEFAULT = "asc"
+TIME_MS_MAX = (1 << 48) - 1                # the millisecond range of a ULID
+TIME_TEXT_MAX_BYTES = 64
 VIEW_DEFAULT = "history"
 READ_LIMIT_MIN, READ_LIMIT_MAX, READ_LIMIT_DEFAULT = 1, 1000, 100
 CURSOR_MAX_BYTES = 1024
@@ -38,6 +42,9 @@ CONTEXT_SIZE_MAX = 3
 SEARCH_LIMIT_MIN, SEARCH_LIMIT_MAX, SEARCH_LIMIT_DEFAULT = 1, 100, 20
 
 EXPECTED_REVISION_MIN = 1
+
+# import_messages (the admin tool's batch write: one durable append and one fsync per batch)
+IMPORT_BATCH_MAX = 1000
 REVISION_MAX = 2**63 - 1
 
 # "Responses are cut within a budget of about 8 MiB."

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import datetime
 from typing import Any, Callable
 
 from . import limits as L
@@ -19,12 +20,12 @@ _SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 _MISSING = object()
 
 
-def utf8_len(s: str) -> int:
+def utf8_len(s: str, field: str = "text") -> int:
     """Bytes of ``s`` as UTF-8; lone surrogates (which JSON can smuggle in) are refused."""
     try:
         return len(s.encode("utf-8"))
     except UnicodeEncodeError:
-        raise invalid("text must be valid Unicode (no lone surrogates)") from None
+        raise invalid(f"{field} must be valid Unicode (no lone surrogates)") from None
 
 
 def _name(key: Any) -> str:
@@ -52,7 +53,7 @@ def canonical_ulid(value: Any, field: str) -> str:
 def check_text(value: Any, field: str, min_bytes: int, max_bytes: int) -> str:
     if not isinstance(value, str):
         raise invalid(f"{field} must be a string")
-    n = utf8_len(value)
+    n = utf8_len(value, field)
     if n < min_bytes:
         raise invalid(f"{field} must be at least {min_bytes} UTF-8 byte(s)")
     if n > max_bytes:
@@ -84,7 +85,7 @@ def parse_json_text(value: Any, field: str, max_bytes: int, kind: type) -> Any:
     """Parse a JSON-in-a-string argument (``metadata_json`` and friends)."""
     if not isinstance(value, str):
         raise invalid(f"{field} must be a string containing JSON")
-    if utf8_len(value) > max_bytes:
+    if utf8_len(value, field) > max_bytes:
         raise invalid(f"{field} must be at most {max_bytes} UTF-8 bytes")
     try:
         parsed = json.loads(value)
@@ -142,8 +143,7 @@ def _tags(value: Any, field: str) -> tuple[str, ...]:
     return tuple(check_text(t, f"{field} item", 1, L.TAG_MAX_BYTES) for t in value)
 
 
-def _relations(value: Any) -> tuple[tuple[str, str], ...]:
-    field = "metadata_json.relations"
+def _relations(value: Any, field: str) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list):
         raise invalid(f"{field} must be an array of {{type, message_id}} objects")
     if len(value) > L.RELATIONS_MAX:
@@ -157,8 +157,7 @@ def _relations(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _source_ids(value: Any) -> tuple[str, ...]:
-    field = "metadata_json.source_message_ids"
+def _source_ids(value: Any, field: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise invalid(f"{field} must be an array of ULIDs")
     if len(value) > L.SOURCE_IDS_MAX:
@@ -177,9 +176,16 @@ def _optional_text(value: Any, field: str, max_bytes: int) -> str | None:
 def parse_metadata(text: Any, partial: bool) -> dict[str, Any]:
     """Parse ``metadata_json``. ``partial`` (update) returns only the fields given, else all with defaults."""
     obj = parse_json_text(text, "metadata_json", L.METADATA_JSON_MAX_BYTES, dict)
+    return check_metadata(obj, partial, "metadata_json")
+
+
+def check_metadata(obj: dict[str, Any], partial: bool, where: str) -> dict[str, Any]:
+    """Validate a metadata object (parsed from metadata_json, or an imported message's metadata)."""
     out: dict[str, Any] = {}
     for key, value in obj.items():
-        field = f"metadata_json.{key}" if _SAFE_NAME.match(key) else "metadata_json"
+        if not isinstance(key, str):
+            raise invalid(f"{where} field names must be strings")
+        field = f"{where}.{key}" if _SAFE_NAME.match(key) else where
         if key == "tool_call_id":
             out[key] = _optional_text(value, field, L.TOOL_CALL_ID_MAX_BYTES)
         elif key == "summary":
@@ -193,11 +199,11 @@ def parse_metadata(text: Any, partial: bool) -> dict[str, Any]:
         elif key == "importance":
             out[key] = check_int(value, field, L.IMPORTANCE_MIN, L.IMPORTANCE_MAX)
         elif key == "relations":
-            out[key] = _relations(value)
+            out[key] = _relations(value, field)
         elif key == "source_message_ids":
-            out[key] = _source_ids(value)
+            out[key] = _source_ids(value, field)
         else:
-            raise invalid(f"metadata_json has an unknown field {_name(key)}; allowed: {', '.join(METADATA_FIELDS)}")
+            raise invalid(f"{where} has an unknown field {_name(key)}; allowed: {', '.join(METADATA_FIELDS)}")
     if not partial:
         for key, default in DEFAULT_METADATA.items():
             out.setdefault(key, default)
@@ -258,7 +264,7 @@ def validate_update_message(raw: Any) -> dict[str, Any]:
 
 _VIEW_PARAMS = {
     "history": {"session_id", "limit", "cursor"},
-    "sessions": {"limit", "cursor"},
+    "sessions": {"limit", "cursor", "since", "until", "order"},
     "content": {"message_id", "content_offset", "content_limit", "expected_revision", "limit"},
     "context": {"message_id", "before", "after", "relation_depth", "relation_types_json", "limit"},
 }
@@ -283,6 +289,12 @@ def validate_read_messages(raw: Any) -> dict[str, Any]:
     }
     if view in ("history", "sessions"):
         out["cursor"] = a.get("cursor", lambda v: check_text(v, "cursor", 1, L.CURSOR_MAX_BYTES), None)
+    if view == "sessions":
+        out["since"] = a.get("since", lambda v: check_time(v, "since"), None)
+        out["until"] = a.get("until", lambda v: check_time(v, "until"), None)
+        out["order"] = a.get("order", lambda v: check_enum(v, "order", L.SESSION_ORDERS), L.SESSION_ORDER_DEFAULT)
+        if out["since"] is not None and out["until"] is not None and out["since"] > out["until"]:
+            raise invalid("since must not be later than until")
     if view == "history":
         out["session_id"] = a.get("session_id", _session_id)
     elif view == "content":
@@ -346,6 +358,68 @@ def validate_delete_message(raw: Any) -> dict[str, Any]:
     return a.done(out)
 
 
+def check_time(value: Any, field: str) -> int:
+    """Epoch milliseconds, or RFC 3339 text with an explicit offset ("Z" or "+09:00")."""
+    if isinstance(value, str):
+        if utf8_len(value, field) > L.TIME_TEXT_MAX_BYTES:
+            raise invalid(f"{field} must be at most {L.TIME_TEXT_MAX_BYTES} bytes")
+        try:
+            dt = datetime.fromisoformat(value[:-1] + "+00:00" if value[-1:] in ("Z", "z") else value)
+        except ValueError:
+            raise invalid(f"{field} must be epoch milliseconds or RFC 3339 date-time text") from None
+        if dt.tzinfo is None or "T" not in value.upper():
+            raise invalid(f"{field} must be an RFC 3339 date-time with an explicit offset (e.g. Z or +09:00)")
+        value = int(dt.timestamp() * 1000)
+        if not 0 <= value <= L.TIME_MS_MAX:
+            raise invalid(f"{field} must be between 1970 and the year 10889")
+        return value
+    return check_int(value, field, 0, L.TIME_MS_MAX)
+
+
+def validate_import_messages(raw: Any) -> dict[str, Any]:
+    a = _Args(raw, "import_messages")
+
+    def messages(v: Any) -> list[dict[str, Any]]:
+        if not isinstance(v, list) or not v:
+            raise invalid("messages must be a non-empty array of message objects")
+        if len(v) > L.IMPORT_BATCH_MAX:
+            raise invalid(f"messages must have at most {L.IMPORT_BATCH_MAX} items")
+        return [_imported_message(m, i) for i, m in enumerate(v)]
+    return a.done({"messages": a.get("messages", messages)})
+
+
+_IMPORT_FIELDS = frozenset({"message_id", "session_id", "timestamp", "role", "content", "revision", "updated_at",
+                            "metadata"})
+
+
+def _imported_message(m: Any, i: int) -> dict[str, Any]:
+    """A Message object as export writes it: every field kept (id, times, revision, metadata)."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise invalid(f"{where} must be a message object")
+    unknown = set(m) - _IMPORT_FIELDS
+    if unknown:
+        raise invalid(f"{where} has an unknown field {_name(next(iter(unknown)))}")
+    for key in ("message_id", "session_id", "timestamp", "role", "content"):
+        if m.get(key) is None:
+            raise invalid(f"{where}.{key} is required")
+    out = {
+        "message_id": canonical_ulid(m["message_id"], f"{where}.message_id"),
+        "session_id": check_text(m["session_id"], f"{where}.session_id", 1, L.SESSION_ID_MAX_BYTES),
+        "timestamp": check_int(m["timestamp"], f"{where}.timestamp", 0, L.TIME_MS_MAX),
+        "role": check_enum(m["role"], f"{where}.role", L.ROLES),
+        "content": check_text(m["content"], f"{where}.content", 1, L.CONTENT_MAX_BYTES),
+        "revision": check_int(m.get("revision", 1), f"{where}.revision", 1, L.REVISION_MAX),
+    }
+    out["updated_at"] = check_int(m.get("updated_at", out["timestamp"]), f"{where}.updated_at", out["timestamp"],
+                                  L.TIME_MS_MAX)
+    md = m.get("metadata", {})
+    if not isinstance(md, dict):
+        raise invalid(f"{where}.metadata must be an object")
+    out["metadata"] = check_metadata(md, False, f"{where}.metadata")
+    return out
+
+
 def validate_no_args(tool: str) -> Callable[[Any], dict[str, Any]]:
     def check(raw: Any) -> dict[str, Any]:
         return _Args(raw, tool).done({})
@@ -367,6 +441,7 @@ VALIDATORS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "get_system_health": validate_no_args("get_system_health"),
     "ping": validate_no_args("ping"),
     "rebuild_status": validate_rebuild_status,
+    "import_messages": validate_import_messages,
 }
 
 

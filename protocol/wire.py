@@ -19,8 +19,9 @@ TOOLS = (
     "rebuild_index", "get_system_health",
 )
 # Daemon-only ops: a liveness probe and the poll that tells a rebuild's requester how it ended.
-OPS = frozenset(TOOLS) | {"ping", "rebuild_status"}
-MUTATING_OPS = frozenset({"write_message", "update_message", "delete_message", "rebuild_index"})
+# import_messages is the admin tool's batch write (export/import, agent transcripts).
+OPS = frozenset(TOOLS) | {"ping", "rebuild_status", "import_messages"}
+MUTATING_OPS = frozenset({"write_message", "update_message", "delete_message", "rebuild_index", "import_messages"})
 READ_ONLY_TOOLS = frozenset({"read_messages", "search_messages", "get_system_health"})
 
 # Non-final answer to rebuild_index: poll rebuild_status with the same id until it changes.

@@ -1,4 +1,9 @@
-"""The request loop: one ZeroMQ REP socket, one request at a time, a rebuild beside it.
+"""The request loop: one ZeroMQ ROUTER socket serving REQ clients, one request at a time, a
+rebuild beside it.
+
+ROUTER rather than REP: libzmq's REP (4.3.5) loses the next client's reply after a peer sent a
+multi-frame message without the REQ delimiter and went away (router_t::rollback leaves its
+``_more_out`` set when the peer's pipe is gone). Handling the REQ envelope here avoids that path.
 
 All socket calls stay in this thread. A rebuild runs in a worker thread that only reads the
 (frozen) state and writes temporary files; it wakes the loop through an inproc PAIR socket when
@@ -43,7 +48,7 @@ class Server:
         self.store = store
         self.endpoint = endpoint
         self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.REP)
+        self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, HARD_FRAME_CAP)
         if curve_secret_key is not None:
@@ -69,6 +74,7 @@ class Server:
             "get_system_health": self._health,
             "rebuild_index": self._rebuild_index,
             "rebuild_status": self._rebuild_status,
+            "import_messages": lambda a, rid: store.import_messages(a, rid),
         }
 
     def bind(self) -> None:
@@ -89,7 +95,10 @@ class Server:
                     frames = self.sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     continue
-                self.sock.send(wire.encode(self.handle(frames)))
+                envelope, body = split_envelope(frames)
+                if envelope is None:
+                    continue  # no REQ delimiter: not a request (a REP socket drops these too)
+                self.sock.send_multipart([*envelope, wire.encode(self.handle(body))])
 
     def handle(self, frames: list[bytes]) -> dict[str, Any]:
         """Any bytes in, one reply out. Never raises."""
@@ -209,6 +218,14 @@ class Server:
         self.cancel_rebuild()
         self.sock.close(linger=0)
         self.wake_recv.close(linger=0)
+
+
+def split_envelope(frames: list[bytes]) -> tuple[list[bytes] | None, list[bytes]]:
+    """(routing frames up to and including the empty delimiter, request frames); (None, []) without one."""
+    for i in range(1, len(frames)):
+        if not frames[i]:
+            return frames[:i + 1], frames[i + 1:]
+    return None, []
 
 
 def install_signal_handlers(server: Server) -> None:

@@ -19,7 +19,7 @@ from . import log as logfile
 from . import snapshot
 from .fileio import FileIO
 from .idgen import IdClock
-from .indexes import RelationIndex, Session
+from .indexes import KIND_INDEX, RelationIndex, Session
 from .model import Message, message_from_args
 from .search import SearchIndex
 
@@ -72,6 +72,7 @@ class Store:
         self.cursor_key = b""
         self.sessions_order_cache: list[tuple[int, str]] | None = None
         self.scan_result = logfile.ScanResult()
+        self.salvaging = False
 
     # ------------------------------------------------------------------ opening and recovery
     @classmethod
@@ -81,15 +82,21 @@ class Store:
         return store
 
     def _recover(self, salvage: bool) -> None:
+        self.salvaging = salvage
         io = self.io
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        for leftover in (self.log_path + COMPACT_SUFFIX, self.snapshot_path + snapshot.TMP_SUFFIX,
-                         os.path.join(self.dir, CURSOR_KEY_NAME) + ".tmp"):
+        for leftover in (self.log_path + COMPACT_SUFFIX, self.log_path + ".new",
+                         self.snapshot_path + snapshot.TMP_SUFFIX, os.path.join(self.dir, CURSOR_KEY_NAME) + ".tmp"):
             if io.exists(leftover):
                 LOG.info("removing leftover %s of an interrupted write", os.path.basename(leftover))
                 io.remove(leftover)
         self._load_cursor_key()
-        if not io.exists(self.log_path) or (io.size(self.log_path) == 0 and not io.exists(self.snapshot_path)):
+        if not io.exists(self.log_path) and io.exists(self.snapshot_path):
+            # The log is the source of truth; starting empty here would hide a lost file.
+            self._set_corrupt("the log file is missing although a snapshot exists; restore the log "
+                              "from a backup (nothing was changed)")
+            return
+        if not io.exists(self.log_path):
             self.writer = logfile.LogWriter.create(io, self.log_path)
             self.salt = self.writer.salt
             self.record_count = 0
@@ -167,8 +174,8 @@ class Store:
         self.checkpoint_bytes = meta["checkpoint_bytes"]
         for rid, op, mid, rev in meta["rids"]:
             self.rids[rid] = (op, mid, rev)
-        for fields in messages:
-            self._insert(Message.from_fields(fields, fields[16]), index_search=False)
+        self._bulk_load(messages)
+        self.body_bytes, self.metadata_bytes, self.entry_bytes = meta["memory"]
         self.snapshot_pos = meta["log_pos"]
         return meta["log_pos"]
 
@@ -192,10 +199,15 @@ class Store:
             self.clock.observe_ms(msg.updated_at)
         elif kind == "u":
             old = self.by_id.get(rec[3][0])
-            if old is None:
-                return
             msg = Message.from_fields(rec[3], size)
-            self._replace(old, msg)
+            if old is None:
+                if not self.salvaging:
+                    return
+                # an update carries the message's whole state: salvage can restore a message whose
+                # original write record was lost to damage
+                self._insert(msg)
+            else:
+                self._replace(old, msg)
             self.update_records += 1
             self._after_record(rec[1], "u", msg.message_id, msg.revision, rec[2])
             self.clock.observe_ms(msg.updated_at)
@@ -233,10 +245,11 @@ class Store:
         self.by_seq[msg.seq] = msg
         session = self.sessions.get(msg.session_id)
         if session is None:
-            session = self.sessions[msg.session_id] = Session()
+            session = self.sessions[msg.session_id] = Session(msg.session_id)
             self.sessions_order_cache = None
         elif session.seqs and msg.seq < session.seqs[0]:
             self.sessions_order_cache = None
+        msg.session_id = session.sid
         session.add(msg)
         self.relations.add(msg)
         if index_search:
@@ -245,6 +258,30 @@ class Store:
         self.body_bytes += msg.body_bytes()
         self.metadata_bytes += msg.metadata_bytes()
         self.entry_bytes += msg.entry_bytes()
+
+    def _bulk_load(self, messages: list[list[Any]]) -> None:
+        """_insert for a snapshot's messages (in creation order, search index already loaded):
+        the same structures, minus the per-message work a snapshot makes unnecessary."""
+        by_id, by_seq, sessions, relations = self.by_id, self.by_seq, self.sessions, self.relations
+        from_fields = Message.from_fields
+        live = 0
+        for fields in messages:
+            msg = from_fields(fields, fields[16])
+            by_id[msg.message_id] = msg
+            by_seq[msg.seq] = msg
+            session = sessions.get(msg.session_id)
+            if session is None:
+                session = sessions[msg.session_id] = Session(msg.session_id)
+            msg.session_id = session.sid
+            session.seqs.append(msg.seq)
+            session.kind_counts[KIND_INDEX[msg.kind]] += 1
+            if msg.summary is not None:
+                session.summary_seqs.append(msg.seq)
+            if msg.relations:
+                relations.add(msg)
+            live += msg.rec_size
+        self.live_bytes += live
+        self.sessions_order_cache = None
 
     def _remove(self, msg: Message, keep_slot: bool = False) -> None:
         del self.by_id[msg.message_id]
@@ -282,7 +319,12 @@ class Store:
 
     def _append(self, record: list[Any]) -> int:
         """Append durably; returns the framed size. A failure changes nothing and raises IO_ERROR."""
-        data = logfile.encode_record(self.salt, record)
+        return self._append_many([record])[0]
+
+    def _append_many(self, records: list[list[Any]]) -> list[int]:
+        """Append records in one write and one fsync (a batch); returns their framed sizes."""
+        framed = [logfile.encode_record(self.salt, r) for r in records]
+        data = framed[0] if len(framed) == 1 else b"".join(framed)
         try:
             self.writer.append(data)
         except logfile.LogWriterBroken as exc:
@@ -294,8 +336,8 @@ class Store:
             self.last_error = f"log append failed ({exc.strerror or exc}); the request was not applied"
             LOG.error("%s", self.last_error)
             raise ProtocolError(E.IO_ERROR, "the log write or flush failed; nothing was stored") from None
-        self.record_count += 1
-        return len(data)
+        self.record_count += len(framed)
+        return [len(f) for f in framed]
 
     def _repeat(self, rid: str | None, op: str) -> dict[str, Any] | None:
         """The first result of a request id seen before, or None if it is new."""
@@ -371,6 +413,37 @@ class Store:
         self._after_record(rid, "d", msg.message_id, 0, seq)
         return {"status": "OK"}
 
+    def import_messages(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
+        """Store exported (or transcript) messages as they are: ids, times, revisions, metadata.
+
+        Idempotent by message id: a message whose id is already live is left alone, so importing a
+        file twice stores nothing twice. The batch is one durable append (one fsync). A torn batch
+        leaves a prefix of it, which the caller's retry completes."""
+        self._check_writable()
+        fresh: list[Message] = []
+        seen: set[str] = set()
+        existing = 0
+        seq = self.last_seq
+        for m in args["messages"]:
+            if m["message_id"] in self.by_id or m["message_id"] in seen:
+                existing += 1
+                continue
+            seen.add(m["message_id"])
+            seq += 1
+            msg = message_from_args(m["message_id"], m["session_id"], seq, m["timestamp"], m["role"], m["content"],
+                                    m["metadata"])
+            msg.revision, msg.updated_at = m["revision"], m["updated_at"]
+            fresh.append(msg)
+        if fresh:
+            sizes = self._append_many([["w", None, msg.fields()] for msg in fresh])
+            for msg, size in zip(fresh, sizes):
+                msg.rec_size = size
+                self._insert(msg)
+                self._after_record(None, "w", msg.message_id, msg.revision, msg.seq)
+                self.clock.observe_id(msg.message_id)
+                self.clock.observe_ms(msg.updated_at)
+        return {"status": "OK", "imported": len(fresh), "existing": existing}
+
     # ------------------------------------------------------------------ snapshot and health
     def snapshot_meta(self, salt: bytes, log_pos: int) -> dict[str, Any]:
         return {
@@ -379,6 +452,7 @@ class Store:
             "update_records": self.update_records, "deleted_messages": self.deleted_messages,
             "record_count": self.record_count, "checkpoint_bytes": self.checkpoint_bytes,
             "rids": [[rid, op, mid, rev] for rid, (op, mid, rev) in self.rids.items()],
+            "memory": [self.body_bytes, self.metadata_bytes, self.entry_bytes],
         }
 
     def write_snapshot(self) -> bool:

@@ -1,0 +1,272 @@
+"""``convmem export | import | import-transcripts | health | rebuild``.
+
+Exit codes: 0 done, 1 the daemon refused or could not be reached, 2 bad command line or input file.
+Long work shows count, rate and ETA on a terminal (stderr) and stays quiet otherwise; the final
+summary goes to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from typing import Any, TextIO
+
+from mcpfront.client import DEFAULT_TIMEOUT_S, DaemonClient
+from mcpfront.server import Backend
+from mcpfront.spawn import Spawner
+from protocol import limits as L
+from protocol.config import default_data_dir, default_endpoint
+
+from . import transcripts
+from .progress import Progress
+
+PAGE = 1000
+
+
+class Failed(Exception):
+    """The daemon answered an error; the message is its error, shown to the user as is."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="convmem", description="convmem administration")
+    p.add_argument("--data-dir", help="data directory (default: $CONVMEM_DATA_DIR, else $XDG_DATA_HOME/convmem)")
+    p.add_argument("--endpoint", help="daemon endpoint (default: $CONVMEM_ENDPOINT, else ipc:// in DATA_DIR/run)")
+    p.add_argument("--no-spawn", action="store_true", help="never start a storage daemon")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per daemon request attempt")
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("export", help="write the store (or one session) as JSON Lines, one message per line")
+    e.add_argument("--session", help="only this session_id")
+    e.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
+    i = sub.add_parser("import", help="import JSON Lines written by export (idempotent)")
+    i.add_argument("file", help="file to read ('-' for stdin)")
+    t = sub.add_parser("import-transcripts", help="import agent session transcripts (only what is new)")
+    t.add_argument("harness", choices=transcripts.HARNESSES)
+    t.add_argument("paths", nargs="*", help="files or directories (default: the harness's own location)")
+    t.add_argument("--checkpoints", help="checkpoint file (default: $XDG_STATE_HOME/convmem/transcripts.json)")
+    t.add_argument("--watch", action="store_true", help="keep importing new lines until interrupted")
+    t.add_argument("--interval", type=float, default=5.0, help="seconds between --watch scans")
+    h = sub.add_parser("health", help="a readable summary of get_system_health")
+    h.add_argument("--json", action="store_true", help="the raw JSON instead")
+    sub.add_parser("rebuild", help="compact the log and rebuild the indexes (rebuild_index)")
+    return p.parse_args(argv)
+
+
+def default_checkpoints() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "convmem", "transcripts.json")
+
+
+class Admin:
+    def __init__(self, args: argparse.Namespace) -> None:
+        data_dir = os.path.abspath(args.data_dir or default_data_dir())
+        endpoint = args.endpoint or default_endpoint(data_dir)
+        self.client = DaemonClient(endpoint, timeout=args.timeout)
+        spawner = None if args.no_spawn else Spawner(self.client, data_dir, endpoint)
+        self.backend = Backend(self.client, spawner)
+
+    async def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        reply = await self.backend.call(op, args) if op != "import_messages" else await self._import(args)
+        if reply.get("status") == "ERROR":
+            err = reply.get("error") or {}
+            raise Failed(f"{op}: {err.get('code')}: {err.get('message')}")
+        return reply
+
+    async def _import(self, args: dict[str, Any]) -> dict[str, Any]:
+        if self.backend.spawner is not None:
+            await self.backend.spawner.ensure()
+        while True:
+            reply = await self.client.request("import_messages", args)
+            err = reply.get("error") if reply.get("status") == "ERROR" else None
+            if err and err.get("code") == "BUSY" and "unavailable" not in str(err.get("message")):
+                await asyncio.sleep(err.get("retry_after_ms", 250) / 1000)  # a rebuild: wait it out
+                continue
+            return reply
+
+    # -- export -----------------------------------------------------------------------------------
+    async def export(self, out: TextIO, session: str | None) -> int:
+        total = None if session else (await self.call("get_system_health", {}))["active_messages"]
+        progress = Progress("exported", total)
+        sessions = [session] if session else [s async for s in self._sessions()]
+        for sid in sessions:
+            cursor = None
+            while True:
+                args: dict[str, Any] = {"view": "history", "session_id": sid, "limit": PAGE}
+                if cursor:
+                    args["cursor"] = cursor
+                page = await self.call("read_messages", args)
+                for msg in page["history"]:
+                    out.write(json.dumps(msg, ensure_ascii=False) + "\n")
+                progress.advance(len(page["history"]))
+                cursor = page.get("nextCursor")
+                if not cursor:
+                    break
+        out.flush()
+        progress.done()
+        return progress.count
+
+    async def _sessions(self):
+        cursor = None
+        while True:
+            args: dict[str, Any] = {"view": "sessions", "limit": PAGE}
+            if cursor:
+                args["cursor"] = cursor
+            page = await self.call("read_messages", args)
+            for s in page["sessions"]:
+                yield s["session_id"]
+            cursor = page.get("nextCursor")
+            if not cursor:
+                return
+
+    # -- import -----------------------------------------------------------------------------------
+    async def import_messages(self, messages, progress: Progress) -> tuple[int, int]:
+        """Send in batches bounded by count and bytes (each batch: one durable append, one fsync)."""
+        imported = existing = 0
+        batch: list[dict[str, Any]] = []
+        size = 0
+        budget = L.MAX_REQUEST_BYTES * 3 // 4
+
+        async def flush() -> None:
+            nonlocal imported, existing, batch, size
+            if batch:
+                r = await self.call("import_messages", {"messages": batch})
+                imported += r["imported"]
+                existing += r["existing"]
+                progress.advance(len(batch))
+                batch, size = [], 0
+
+        for msg in messages:
+            n = len(msg.get("content", "")) * 3 + 1024 if isinstance(msg, dict) else 1024
+            if batch and (len(batch) >= L.IMPORT_BATCH_MAX or size + n > budget):
+                await flush()
+            batch.append(msg)
+            size += n
+        await flush()
+        return imported, existing
+
+    async def import_file(self, stream: TextIO) -> dict[str, Any]:
+        bad: list[int] = []
+
+        def messages():
+            for lineno, line in enumerate(stream, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    bad.append(lineno)
+                    continue
+                yield obj
+        progress = Progress("imported")
+        imported, existing = await self.import_messages(messages(), progress)
+        progress.done()
+        return {"imported": imported, "existing": existing, "malformed_lines": len(bad),
+                "first_malformed": bad[:10]}
+
+    async def import_transcripts(self, harness: str, paths: list[str], cp_path: str, watch: bool,
+                                 interval: float) -> dict[str, Any]:
+        cps = transcripts.Checkpoints(cp_path)
+        totals = {"files": 0, "lines": 0, "messages": 0, "imported": 0, "existing": 0, "malformed": 0}
+        malformed_where: list[str] = []
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        while True:
+            files = list(transcripts.iter_files(harness, paths or transcripts.default_paths(harness)))
+            progress = Progress(f"{harness} messages")
+            for path in files:
+                try:
+                    res, cp = transcripts.read_new(harness, path, cps.get(harness, path))
+                except OSError as exc:
+                    malformed_where.append(f"{path}: unreadable ({exc.strerror})")
+                    continue
+                imported, existing = await self.import_messages(res.messages, progress)
+                cps.put(harness, path, cp)
+                cps.save()
+                totals["files"] += 1
+                totals["lines"] += res.lines
+                totals["messages"] += len(res.messages)
+                totals["imported"] += imported
+                totals["existing"] += existing
+                totals["malformed"] += res.malformed
+                if res.malformed:
+                    malformed_where.append(f"{path}: lines {res.malformed_lines}")
+            progress.done()
+            if not watch or stop.is_set():
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+                break
+            except asyncio.TimeoutError:
+                pass
+        totals["malformed_at"] = malformed_where[:20]
+        return totals
+
+
+def print_health(h: dict[str, Any]) -> None:
+    mb = 1024 * 1024
+    mem = h["memory_estimate"]
+    lines = [
+        f"status           {h['status']}" + (f"  ({h['last_error']})" if h.get("last_error") else ""),
+        f"messages         {h['active_messages']:,} live in {h['session_count']:,} sessions "
+        f"({h['deleted_messages']:,} deleted, {h['update_records']:,} update records since the last rebuild)",
+        f"log              {h['log_size'] / mb:,.1f} MiB ({h['dead_bytes'] / mb:,.1f} MiB reclaimable by rebuild), "
+        f"last sequence {h['last_sequence']:,}",
+        f"snapshot         {h['snapshot_size'] / mb:,.1f} MiB, valid: {h['snapshot_valid']}",
+        f"memory estimate  {mem['total_bytes'] / mb:,.1f} MiB (text {mem['body_bytes'] / mb:,.1f}, "
+        f"search {mem['search_index_bytes'] / mb:,.1f}, entries {mem['store_entries_bytes'] / mb:,.1f})",
+        f"io since start   {h['io']['write_calls']:,} writes ({h['io']['write_bytes'] / mb:,.1f} MiB), "
+        f"{h['io']['flush_calls']:,} flushes",
+        f"recovery         recovered_tail={h['recovered_tail']}"
+        + ("  REBUILD RUNNING" if h.get("rebuilding") else ""),
+    ]
+    print("\n".join(lines))
+
+
+async def run(args: argparse.Namespace) -> int:
+    admin = Admin(args)
+    try:
+        if args.command == "export":
+            out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+            try:
+                n = await admin.export(out, args.session)
+            finally:
+                if out is not sys.stdout:
+                    out.close()
+            print(json.dumps({"exported": n}), file=sys.stderr if args.output == "-" else sys.stdout)
+        elif args.command == "import":
+            try:
+                stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+            except OSError as exc:
+                print(f"convmem: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+                return 2
+            with stream:
+                print(json.dumps(await admin.import_file(stream)))
+        elif args.command == "import-transcripts":
+            print(json.dumps(await admin.import_transcripts(
+                args.harness, args.paths, args.checkpoints or default_checkpoints(), args.watch, args.interval)))
+        elif args.command == "health":
+            h = await admin.call("get_system_health", {})
+            print(json.dumps(h, indent=2)) if args.json else print_health(h)
+        elif args.command == "rebuild":
+            print(json.dumps(await admin.call("rebuild_index", {})))
+        return 0
+    except Failed as exc:
+        print(f"convmem: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        admin.client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
