@@ -136,6 +136,7 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
     if failure is not None:
         raise failure
     store.snapshot_pos = p.log_size if snapshot_installed else -1
+    store.snapshot_records = store.record_count
     store.snapshot_valid = True
     return {
         "status": "OK",

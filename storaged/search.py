@@ -42,7 +42,7 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections import Counter
-from heapq import nlargest
+from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -196,7 +196,7 @@ class _TermList:
             return
         n = len(slots)
         keys = self.keys
-        if len(cands) * 16 < n:
+        if len(cands) * 4 < n:
             lo = 0
             for i, s in enumerate(cands):
                 lo = bisect_left(slots, s, lo)
@@ -296,6 +296,14 @@ class _MaterialList:
 
     def value(self, s: int) -> float:
         return self.vals.get(s, 0.0)
+
+
+def _best_first(acc: dict, slots):
+    """Slots in descending score order, lazily: a heap (O(n) to build, in C), not a full sort."""
+    heap = list(zip(map(float.__neg__, map(acc.__getitem__, slots)), slots))
+    heapify(heap)
+    while heap:
+        yield heappop(heap)[1]
 
 
 class SearchIndex:
@@ -575,10 +583,10 @@ class SearchIndex:
         for f in range(nf):
             b += sys.getsizeof(self._slots[f]) + sys.getsizeof(self._keys[f])
             b += sys.getsizeof(self._maxtf[f]) + sys.getsizeof(self._lens[f])
-        # posting arrays: data (+1/16 growth slack of array.append) and headers; lone postings
-        # are two ints (slot, key)
+        # posting arrays: data (+1/16 growth slack of array.append) and headers; a lone posting
+        # is a slot int plus a key int that is mostly a cached small int (tf 1, length < 256)
         b += self._n_arrays * _SIZEOF_ARRAY + (self._n_postings * 6 * 17) // 16
-        b += self._n_single * 2 * _SIZEOF_INT
+        b += (self._n_single * _SIZEOF_INT * 5) // 4
         b += sys.getsizeof(self._slot_doc) + sys.getsizeof(self._alive) + self._docmap.nbytes()
         for (_, rows), t in self._tables.items():
             b += sys.getsizeof(t) + (rows << _DL_BITS) * _SIZEOF_FLOAT
@@ -672,9 +680,10 @@ class SearchIndex:
         return lists
 
     def _char_lists(self, ch: str, tables, qtf: int) -> list:
-        """One-character CJK query: the unigram (indexed only for one-character runs) plus the
-        bigrams holding the character, merged into one synthetic term per field whose df is the
-        number of docs reached; a doc counts its best posting among them."""
+        """One-character CJK query: besides its unigram (indexed only where the character stood
+        alone), the bigrams holding the character, merged into one synthetic term per field
+        whose df is the number of docs reached; a doc counts its best posting among them.
+        Reads at most ~_CHAR_EXPANSION_BUDGET postings, so a very common character is partial."""
         tids = self._char_index().get(ch, ())
         out = []
         for f in range(len(FIELDS)):
@@ -799,7 +808,7 @@ class SearchIndex:
             if len(top) >= limit:
                 return top[:limit]
         top = []
-        for s in sorted(strong, key=acc.__getitem__, reverse=True):
+        for s in _best_first(acc, strong):
             if ok(s):
                 top.append(s)
                 if len(top) == limit:
@@ -809,24 +818,29 @@ class SearchIndex:
     @staticmethod
     def _top_pool(acc: dict, limit: int, ok: Callable[[int], bool]) -> list[int]:
         """Acceptable slots scoring within float noise of the limit-th best acceptable score.
-        Asks `ok` about as few docs as it can: best scores first, widening while too few pass."""
+        Asks `ok` about as few docs as it can: best scores first, widening while too few pass
+        (by the pass rate seen so far), and past 1/8 of acc walking everything in score order."""
         m = limit * 2 + 8
-        while True:
-            if m >= len(acc):
-                good = [s for s in acc if ok(s)]
-                if len(good) <= limit:
-                    return good
-                theta = nlargest(limit, map(acc.__getitem__, good))[-1]
-                cut = theta * (1.0 - 1e-9) - 1e-12
-                return [s for s in good if acc[s] >= cut]
+        while m * 8 < len(acc):
             cut0 = nlargest(m, acc.values())[-1]
             good = [s for s in compress(acc, map(cut0.__le__, acc.values())) if ok(s)]
             if len(good) >= limit:
                 theta = nlargest(limit, map(acc.__getitem__, good))[-1]
                 cut = theta * (1.0 - 1e-9) - 1e-12
-                # ties at the boundary may extend past the first m
+                # ties at the boundary may extend below cut0
                 return [s for s in compress(acc, map(cut.__le__, acc.values())) if ok(s)]
-            m *= 4
+            m = max(2 * m, int(m * limit * 1.5 / max(len(good), 1)) + 8)
+        good = []
+        cut = None
+        for s in _best_first(acc, acc):
+            v = acc[s]
+            if cut is not None and v < cut:
+                break
+            if ok(s):
+                good.append(s)
+                if cut is None and len(good) == limit:
+                    cut = v * (1.0 - 1e-9) - 1e-12
+        return good
 
     # --- snapshot -----------------------------------------------------------------------------
 
@@ -922,7 +936,6 @@ class SearchIndex:
         dm = self._docmap
         dm.arr = arr("i", data["docmap"])
         dm.extra = {int(d): int(sl) for d, sl in data["docmap_extra"]}
-        check(not dm.arr or max(dm.arr) < nslots)
         check(len(dm.arr) - dm.arr.count(-1) + len(dm.extra) == self._live)
         fields = data["fields"]
         check(isinstance(fields, list) and len(fields) == len(FIELDS))
@@ -933,11 +946,12 @@ class SearchIndex:
             counts = arr("I", fd["counts"])
             all_slots = arr("I", fd["slots"])
             all_keys = arr("H", fd["keys"])
-            check(len(tids) == len(counts) and (not tids or max(tids) < nt))
+            check(len(tids) == len(counts))
             check(len(all_slots) == len(all_keys) == sum(counts) and 0 not in counts)
-            check(not all_slots or max(all_slots) < nslots)
             off = 0
             for tid, c in zip(tids, counts):
+                if all_slots[off + c - 1] >= nslots:  # lists are sorted: the last is the largest
+                    raise ValueError("corrupt search index dump")
                 if c == 1:
                     slots_f[tid] = all_slots[off]
                     keys_f[tid] = all_keys[off]

@@ -12,6 +12,7 @@ are served from the unchanged state.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -28,9 +29,16 @@ from protocol import wire
 from protocol.errors import ProtocolError, error_reply
 
 from . import compaction, views
-from .store import Store
+from .store import BACKGROUND_SUFFIX, Store
 
 LOG = logging.getLogger("convmem.storaged")
+
+# A snapshot is taken in the background (by a forked child, which sees a frozen copy-on-write image
+# of the state, the way Redis does it) once this much log lies beyond it, so that a start after a
+# crash replays a bounded tail instead of everything since the last clean stop.
+SNAPSHOT_EVERY_RECORDS = 50_000
+SNAPSHOT_EVERY_BYTES = 64 * L.MiB
+SNAPSHOT_CHILD_MAX_S = 600.0
 
 # Frames above this are dropped by libzmq itself (the peer is disconnected) to bound memory;
 # frames between MAX_REQUEST_BYTES and this get a clear VALIDATION_ERROR reply.
@@ -64,6 +72,8 @@ class Server:
         self.rebuild_cancel = threading.Event()
         self.rebuild_results: dict[str, dict[str, Any]] = {}
         self.rebuild_started = 0.0
+        self.snapshot_child: tuple[int, int, float] | None = None  # (pid, log position, started)
+        self.snapshot_every_records = SNAPSHOT_EVERY_RECORDS  # 0 turns background snapshots off
         self.handlers: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
             "ping": self._ping,
             "write_message": lambda a, rid: store.write_message(a, rid),
@@ -99,6 +109,69 @@ class Server:
                 if envelope is None:
                     continue  # no REQ delimiter: not a request (a REP socket drops these too)
                 self.sock.send_multipart([*envelope, wire.encode(self.handle(body))])
+            self._background_snapshot()
+
+    # ---------------------------------------------------------------- background snapshots
+    def _background_snapshot(self) -> None:
+        if self.snapshot_child is not None:
+            self._reap_snapshot_child(block=False)
+            return
+        store = self.store
+        if (not self.snapshot_every_records or store.rebuilding or not store.snapshot_due()
+                or (store.record_count - store.snapshot_records < self.snapshot_every_records
+                    and store.writer.size - max(store.snapshot_pos, 0) < SNAPSHOT_EVERY_BYTES)):
+            return
+        tmp = store.snapshot_path + BACKGROUND_SUFFIX
+        pos = store.writer.size
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            LOG.warning("could not fork a background snapshot (%s); will retry later", exc.strerror)
+            store.snapshot_records = store.record_count  # do not retry at every request
+            return
+        if pid == 0:  # the child: write the frozen image, never touch the sockets, never return
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                store.write_snapshot_file(tmp)
+                code = 0
+            except BaseException:
+                pass
+            finally:
+                os._exit(code)
+        self.snapshot_child = (pid, pos, time.monotonic())
+        # counted as taken now, so that a failing child is not started again at every request
+        store.snapshot_records = store.record_count
+        LOG.info("background snapshot started (pid %d, log position %d)", pid, pos)
+
+    def _reap_snapshot_child(self, block: bool, kill: bool = False) -> None:
+        pid, pos, started = self.snapshot_child
+        if kill or time.monotonic() - started > SNAPSHOT_CHILD_MAX_S:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            block = True
+        try:
+            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 1
+        if done == 0:
+            return
+        self.snapshot_child = None
+        tmp = self.store.snapshot_path + BACKGROUND_SUFFIX
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and not kill and not self.store.rebuilding:
+            try:
+                self.store.install_snapshot(tmp, pos)
+                LOG.info("background snapshot installed in %.2f s (log position %d)",
+                         time.monotonic() - started, pos)
+                return
+            except OSError as exc:
+                LOG.warning("could not install the background snapshot: %s", exc.strerror)
+        elif not kill:
+            LOG.warning("background snapshot child failed (status %d)", status)
+        self.store.io.remove(tmp)
 
     def handle(self, frames: list[bytes]) -> dict[str, Any]:
         """Any bytes in, one reply out. Never raises."""
@@ -138,6 +211,8 @@ class Server:
             raise ProtocolError(E.BUSY, "another rebuild_index is running; retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         self.store._check_writable()
+        if self.snapshot_child is not None:
+            self._reap_snapshot_child(block=True, kill=True)  # the rebuild writes a fresh one anyway
         self.store.rebuilding = True
         self.rebuild_id = rid
         self.rebuild_outcome = None
@@ -193,6 +268,7 @@ class Server:
                                                                retry_after_ms=1000)
             LOG.warning("rebuild %s did not complete: %s", rid, reply)
         self.store.rebuilding = False
+        gc.freeze()  # the rebuilt structures are long-lived: keep full collections from walking them
         self.rebuild_thread = None
         self.rebuild_id = None
         if rid is not None:
@@ -215,6 +291,8 @@ class Server:
             self._finish_rebuild()
 
     def close(self) -> None:
+        if self.snapshot_child is not None:
+            self._reap_snapshot_child(block=True, kill=True)
         self.cancel_rebuild()
         self.sock.close(linger=0)
         self.wake_recv.close(linger=0)

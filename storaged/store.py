@@ -29,6 +29,7 @@ LOG_NAME = "log"
 SNAPSHOT_NAME = "snapshot"
 COMPACT_SUFFIX = ".compact"
 CURSOR_KEY_NAME = "cursor.key"
+BACKGROUND_SUFFIX = ".bg.tmp"  # a snapshot being written by a forked child
 # Request ids remembered for exactly-once retries. A retry comes seconds after its original, so
 # this window is generous; it is kept durably (log records, snapshot, the compacted log).
 RID_WINDOW = 16384
@@ -73,6 +74,7 @@ class Store:
         self.sessions_order_cache: list[tuple[int, str]] | None = None
         self.scan_result = logfile.ScanResult()
         self.salvaging = False
+        self.snapshot_records = 0         # record_count when the snapshot on disk was taken
 
     # ------------------------------------------------------------------ opening and recovery
     @classmethod
@@ -86,7 +88,8 @@ class Store:
         io = self.io
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         for leftover in (self.log_path + COMPACT_SUFFIX, self.log_path + ".new",
-                         self.snapshot_path + snapshot.TMP_SUFFIX, os.path.join(self.dir, CURSOR_KEY_NAME) + ".tmp"):
+                         self.snapshot_path + snapshot.TMP_SUFFIX, self.snapshot_path + BACKGROUND_SUFFIX,
+                         os.path.join(self.dir, CURSOR_KEY_NAME) + ".tmp"):
             if io.exists(leftover):
                 LOG.info("removing leftover %s of an interrupted write", os.path.basename(leftover))
                 io.remove(leftover)
@@ -158,7 +161,7 @@ class Store:
             if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
             self.search = SearchIndex.load(search_dump)
-        except snapshot.SnapshotInvalid as exc:
+        except (snapshot.SnapshotInvalid, ValueError, KeyError, TypeError) as exc:
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
             self.snapshot_valid = False
             self.search = SearchIndex()
@@ -177,6 +180,7 @@ class Store:
         self._bulk_load(messages)
         self.body_bytes, self.metadata_bytes, self.entry_bytes = meta["memory"]
         self.snapshot_pos = meta["log_pos"]
+        self.snapshot_records = self.record_count
         return meta["log_pos"]
 
     def _set_corrupt(self, message: str) -> None:
@@ -455,16 +459,30 @@ class Store:
             "memory": [self.body_bytes, self.metadata_bytes, self.entry_bytes],
         }
 
+    def snapshot_due(self) -> bool:
+        """Whether the snapshot on disk is far enough behind the log to be worth writing again."""
+        return self.writer is not None and not self.corrupt and not self.broken and self.snapshot_pos != self.writer.size
+
+    def write_snapshot_file(self, tmp: str) -> int:
+        """Write (and fsync) the current state to ``tmp``, not yet in place. Returns the log position
+        it covers. Used directly by a forked child, which sees a frozen copy of the state."""
+        pos = self.writer.size
+        msgs = ([*m.fields(), m.rec_size] for m in self.by_seq.values())
+        snapshot.write_file(self.io, tmp, self.snapshot_meta(self.salt, pos), msgs, self.search.dump())
+        return pos
+
+    def install_snapshot(self, tmp: str, pos: int) -> None:
+        self.io.replace(tmp, self.snapshot_path)
+        self.io.sync_dir(self.dir)
+        self.snapshot_pos = pos
+
     def write_snapshot(self) -> bool:
         """Save the state for a fast next start (at a clean stop). Skipped when nothing changed."""
-        if self.writer is None or self.corrupt or self.broken:
+        if not self.snapshot_due():
             return False
-        if self.snapshot_pos == self.writer.size:
-            return False
-        msgs = ([*m.fields(), m.rec_size] for m in self.by_seq.values())
-        snapshot.write(self.io, self.snapshot_path, self.snapshot_meta(self.salt, self.writer.size), msgs,
-                       self.search.dump())
-        self.snapshot_pos = self.writer.size
+        tmp = self.snapshot_path + snapshot.TMP_SUFFIX
+        self.install_snapshot(tmp, self.write_snapshot_file(tmp))
+        self.snapshot_records = self.record_count
         return True
 
     def log_size(self) -> int:

@@ -46,8 +46,8 @@ _CJK = (
     "\U00020000-\U0002fa1f"  # CJK ext B-F, compatibility supplement
     "\U00030000-\U0003134f"  # CJK ext G
 )
-# A word: letters/digits (not CJK), with inner apostrophes ("don't", "caroline's") and digit
-# groups ("1,000", "3.5") kept together so they can be normalised as a unit.
+# Query side, in order: a CJK run, or a word of letters/digits (not CJK) with inner apostrophes
+# ("don't", "caroline's") kept together so the clitic can be dropped as a unit.
 _TOKEN_RE = re.compile(
     rf"(?P<cjk>[{_CJK}]+)"
     rf"|(?P<word>(?:(?![{_CJK}])[^\W_])+(?:['’](?:(?![{_CJK}])[^\W_])+)*)"
@@ -198,7 +198,6 @@ def _porter(w: str) -> str:
     return w
 
 
-@lru_cache(maxsize=1 << 17)
 def stem(word: str) -> str:
     """English stem of one normalised word; digits and non-ASCII words are left alone."""
     if not word.isascii() or not word.isalpha():
@@ -206,7 +205,7 @@ def stem(word: str) -> str:
     return _porter(word)
 
 
-@lru_cache(maxsize=1 << 17)
+@lru_cache(maxsize=1 << 16)  # ~10 MB when full; Zipf makes the hit rate high
 def _word_term(word: str) -> str | None:
     """Term for one matched word (already normalised), or None if nothing indexable is left."""
     if "'" in word or "’" in word:

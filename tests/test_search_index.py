@@ -420,3 +420,26 @@ def test_rebuild_in_other_thread_while_querying():
         assert old.search("alpha beta", 5)
     t.join()
     assert result["new"].doc_count() == 3000
+
+
+def test_pruned_search_equals_brute_force_cjk_and_long_tf():
+    rng = random.Random(12)
+    chars = "データベース移行猫京都旅会議予定のはをにが"
+    ix = SearchIndex()
+    for d in range(1, 2001):
+        text = "".join(rng.choices(chars, k=rng.randint(2, 25)))
+        if d % 50 == 0:
+            text += " spam" * 40  # tf beyond the exact tf buckets
+        ix.add(d, text, "".join(rng.choices(chars, k=5)) if d % 3 == 0 else None, ["京都"] if d % 7 == 0 else ())
+    for d in rng.sample(range(1, 2001), 150):
+        ix.remove(d)
+    queries = ["spam", "spam 猫", "データベース移行"] + [
+        "".join(rng.choices(chars, k=rng.randint(1, 6))) for _ in range(40)
+    ]
+    for q in queries:
+        for limit, accept in ((1, None), (10, None), (10, lambda d: d % 4 == 0)):
+            got = [(round(h.score, 9), h.doc) for h in ix.search(q, limit, accept=accept)]
+            want = [(round(s, 9), d) for s, d in brute(ix, q, limit, accept)]
+            assert got == want, q
+    top = ix.search("spam", 3)
+    assert top and all(h.doc % 50 == 0 for h in top)

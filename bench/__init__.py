@@ -1,0 +1,1 @@
+"""Benchmarks: every figure of ours beside the same figure for a SQLite baseline, in one run."""

@@ -1,0 +1,164 @@
+"""Shared pieces of the benchmarks: statistics, the corpus, the SQLite baseline, daemon processes."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Iterable, Iterator
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOCOMO = os.environ.get("CONVMEM_LOCOMO", os.path.join(REPO, "..", "shared", "data", "locomo-dev.json"))
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, int(round(p / 100 * (len(s) - 1)))))
+    return s[k]
+
+
+def summary_ms(seconds: list[float]) -> dict[str, float]:
+    ms = [x * 1000 for x in seconds]
+    return {"p50_ms": round(statistics.median(ms), 4), "p95_ms": round(pct(ms, 95), 4), "n": len(ms)}
+
+
+def ratio(ours: float, base: float) -> float:
+    return round(ours / base, 3) if base else float("nan")
+
+
+def turns() -> list[str]:
+    """Realistic conversational text: the LoCoMo turns if the data set is beside the repo."""
+    try:
+        with open(LOCOMO) as f:
+            data = json.load(f)
+    except OSError:
+        data = []
+    out = []
+    for sample in data:
+        conv = sample["conversation"]
+        for key, value in conv.items():
+            if key.startswith("session_") and isinstance(value, list):
+                for t in value:
+                    out.append(f"{t['speaker']}: {t['text']}")
+    if not out:
+        rng = random.Random(7)
+        words = ("memory durable search session message daemon index snapshot recovery log write read "
+                 "project decision database migration plan review deploy test").split()
+        out = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 30))) for _ in range(5000)]
+    return out
+
+
+def corpus(n: int, seed: int = 1) -> Iterator[tuple[str, str]]:
+    """(session_id, content) pairs: turns recombined so a large corpus is not one text repeated."""
+    base = turns()
+    rng = random.Random(seed)
+    for i in range(n):
+        a = base[rng.randrange(len(base))]
+        if rng.random() < 0.5:
+            a = a + " " + base[rng.randrange(len(base))].split(": ", 1)[-1]
+        yield f"session-{i // 200:05d}", a
+
+
+class SqliteBaseline:
+    """The baseline a user would otherwise reach for: WAL, synchronous=FULL, an FTS5 index."""
+
+    def __init__(self, path: str, fts: bool = True) -> None:
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY, message_id TEXT UNIQUE, "
+                        "session_id TEXT, ts INTEGER, role TEXT, content TEXT, metadata TEXT)")
+        self.db.execute("CREATE INDEX IF NOT EXISTS by_session ON messages(session_id, id)")
+        self.fts = fts
+        if fts:
+            self.db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(content, "
+                            "content='messages', content_rowid='id', tokenize='porter unicode61')")
+
+    def write(self, message_id: str, session_id: str, content: str, metadata: str = "{}") -> None:
+        cur = self.db.cursor()
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO messages(message_id, session_id, ts, role, content, metadata) "
+                    "VALUES (?,?,?,?,?,?)", (message_id, session_id, int(time.time() * 1000), "user", content,
+                                             metadata))
+        if self.fts:
+            cur.execute("INSERT INTO fts(rowid, content) VALUES (?, ?)", (cur.lastrowid, content))
+        cur.execute("COMMIT")
+
+    def bulk(self, rows: Iterable[tuple[str, str, str]]) -> None:
+        cur = self.db.cursor()
+        cur.execute("PRAGMA synchronous=OFF")
+        cur.execute("BEGIN")
+        for mid, sid, content in rows:
+            cur.execute("INSERT INTO messages(message_id, session_id, ts, role, content, metadata) "
+                        "VALUES (?,?,?,?,?,?)", (mid, sid, 0, "user", content, "{}"))
+            if self.fts:
+                cur.execute("INSERT INTO fts(rowid, content) VALUES (?, ?)", (cur.lastrowid, content))
+        cur.execute("COMMIT")
+        cur.execute("PRAGMA synchronous=FULL")
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def start_daemon(data_dir: str, endpoint: str | None = None, timeout: float = 600.0,
+                 log_path: str | None = None) -> tuple[subprocess.Popen, float]:
+    """Start ``python -m storaged`` and wait until it answers ping. Returns (process, seconds to ready)."""
+    import zmq
+
+    from protocol.config import default_endpoint
+    from protocol.wire import encode_request
+    from ulid import ULID
+
+    ep = endpoint or default_endpoint(data_dir)
+    err = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "storaged", "--data-dir", data_dir, "--endpoint", ep],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO)
+    ctx = zmq.Context.instance()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}")
+        s = ctx.socket(zmq.REQ)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(ep)
+        s.send(encode_request("ping", {}, str(ULID())))
+        if s.poll(200):
+            s.recv()
+            s.close()
+            return proc, time.monotonic() - t0
+        s.close()
+    stop(proc)
+    raise RuntimeError("daemon did not become ready")
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 120.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def print_table(title: str, rows: list[list[Any]], header: list[str]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    print(f"\n## {title}")
+    print("  ".join(str(h).ljust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))

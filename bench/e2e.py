@@ -1,0 +1,160 @@
+"""The paths a host uses: durable writes through the stdio MCP front-end, and read latencies.
+
+    python -m bench.e2e [--writes 500] [--messages 20000] [--json out.json]
+
+Write: the SDK's real MCP client over stdio -> convmem-mcp -> daemon -> fsync, per call, beside a
+SQLite WAL synchronous=FULL insert+commit of the same content. Reads (daemon protocol, beside the
+equivalent SQLite queries on the same data): a history page of 100, a 4 KiB content chunk, the
+context view (1 before, 1 after, relations depth 1).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from typing import Any
+
+import zmq
+from ulid import ULID
+
+from protocol.config import default_endpoint
+from protocol.wire import decode, encode_request
+
+from .common import REPO, SqliteBaseline, corpus, print_table, ratio, start_daemon, stop, summary_ms
+
+
+async def _mcp_writes(data_dir: str, texts: list[str]) -> list[float]:
+    from mcp import Client, StdioServerParameters
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcpfront", "--data-dir", data_dir,
+                                                                "--no-spawn"], cwd=REPO)
+    lat = []
+    async with Client(params, mode="legacy") as client:
+        await client.call_tool("get_system_health", {})  # warm the path
+        for t in texts:
+            t0 = time.perf_counter()
+            r = await client.call_tool("write_message", {"session_id": "e2e", "role": "user", "content": t})
+            lat.append(time.perf_counter() - t0)
+            assert not r.is_error, r
+    return lat
+
+
+def mcp_write_latency(tmp: str, n: int) -> dict[str, Any]:
+    data_dir = os.path.join(tmp, "e2e")
+    proc, _ = start_daemon(data_dir)
+    texts = [c for _, c in corpus(n, seed=21)]
+    try:
+        ours = asyncio.run(_mcp_writes(data_dir, texts))
+    finally:
+        stop(proc)
+    base = SqliteBaseline(os.path.join(tmp, "e2e.sqlite"), fts=True)
+    theirs = []
+    for t in texts:
+        t0 = time.perf_counter()
+        base.write(str(ULID()), "e2e", t)
+        theirs.append(time.perf_counter() - t0)
+    base.close()
+    o, s = summary_ms(ours), summary_ms(theirs)
+    return {"ours": o, "sqlite": s, "ratio_p50": ratio(o["p50_ms"], s["p50_ms"])}
+
+
+def _load(data_dir: str, db_path: str, n: int) -> list[tuple[str, str]]:
+    """The same messages into the daemon (import batches) and SQLite; returns (message_id, session)."""
+    from .engine import build_store
+
+    build_store(data_dir, n)
+    from storaged.store import Store
+    store = Store.open(data_dir)
+    ids = [(m.message_id, m.session_id, m.content) for m in store.by_seq.values()]
+    store.close()
+    base = SqliteBaseline(db_path, fts=False)
+    base.bulk(ids)
+    base.close()
+    return [(mid, sid) for mid, sid, _ in ids]
+
+
+def read_latency(tmp: str, n: int, reps: int) -> dict[str, Any]:
+    data_dir = os.path.join(tmp, "reads")
+    db_path = os.path.join(tmp, "reads.sqlite")
+    ids = _load(data_dir, db_path, n)
+    rng = random.Random(5)
+    sample = [ids[rng.randrange(len(ids))] for _ in range(reps)]
+    proc, _ = start_daemon(data_dir)
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.connect(default_endpoint(data_dir))
+
+    def call(args: dict[str, Any]) -> float:
+        t0 = time.perf_counter()
+        sock.send(encode_request("read_messages", args, str(ULID())))
+        r = decode(sock.recv(), max_bytes=1 << 30)
+        assert "status" not in r or r["status"] != "ERROR", r
+        return time.perf_counter() - t0
+
+    ours: dict[str, list[float]] = {"history_100": [], "content_4k": [], "context": []}
+    try:
+        for mid, sid in sample:
+            ours["history_100"].append(call({"view": "history", "session_id": sid, "limit": 100}))
+            ours["content_4k"].append(call({"view": "content", "message_id": mid, "content_limit": 4096}))
+            ours["context"].append(call({"view": "context", "message_id": mid}))
+    finally:
+        sock.close(linger=0)
+        stop(proc)
+    db = sqlite3.connect(db_path)
+    theirs: dict[str, list[float]] = {k: [] for k in ours}
+    for mid, sid in sample:
+        t0 = time.perf_counter()
+        db.execute("SELECT message_id, session_id, ts, role, content, metadata FROM messages WHERE session_id=? "
+                   "ORDER BY id LIMIT 100", (sid,)).fetchall()
+        theirs["history_100"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        db.execute("SELECT substr(CAST(content AS BLOB), 1, 4096) FROM messages WHERE message_id=?", (mid,)).fetchone()
+        theirs["content_4k"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        row = db.execute("SELECT id, session_id, content, metadata FROM messages WHERE message_id=?", (mid,)).fetchone()
+        db.execute("SELECT * FROM messages WHERE session_id=? AND id<? ORDER BY id DESC LIMIT 1", (row[1], row[0])).fetchall()
+        db.execute("SELECT * FROM messages WHERE session_id=? AND id>? ORDER BY id LIMIT 1", (row[1], row[0])).fetchall()
+        theirs["context"].append(time.perf_counter() - t0)
+    db.close()
+    out = {}
+    for k in ours:
+        o, s = summary_ms(ours[k]), summary_ms(theirs[k])
+        out[k] = {"ours": o, "sqlite_in_process": s, "ratio_p50": ratio(o["p50_ms"], s["p50_ms"])}
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--writes", type=int, default=500)
+    p.add_argument("--messages", type=int, default=20000, help="store size for the read figures")
+    p.add_argument("--reads", type=int, default=300)
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    tmp = tempfile.mkdtemp(prefix="convmem-e2e-")
+    try:
+        res = {"mcp_stdio_write": mcp_write_latency(tmp, a.writes), "reads": read_latency(tmp, a.messages, a.reads)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    w = res["mcp_stdio_write"]
+    print_table("Durable write end to end (MCP stdio client -> front-end -> daemon -> fsync)", [
+        ["convmem via MCP stdio", w["ours"]["p50_ms"], w["ours"]["p95_ms"], w["ratio_p50"]],
+        ["SQLite WAL FULL (in-process)", w["sqlite"]["p50_ms"], w["sqlite"]["p95_ms"], 1.0]],
+        ["", "p50 ms", "p95 ms", "ratio"])
+    print_table(f"Read latency at {a.messages} messages (daemon protocol vs SQLite in-process)", [
+        [k, v["ours"]["p50_ms"], v["ours"]["p95_ms"], v["sqlite_in_process"]["p50_ms"],
+         v["sqlite_in_process"]["p95_ms"], v["ratio_p50"]] for k, v in res["reads"].items()],
+        ["read", "ours p50", "ours p95", "SQLite p50", "SQLite p95", "ratio p50"])
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return res
+
+
+if __name__ == "__main__":
+    main()
