@@ -8,22 +8,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
+import re
 import signal
 import sys
-from typing import Any, TextIO
+from collections import deque
+from typing import Any, BinaryIO, TextIO
 
 from mcpfront.client import DEFAULT_TIMEOUT_S, DaemonClient
 from mcpfront.server import Backend
 from mcpfront.spawn import Spawner
+from protocol import errors as E
 from protocol import limits as L
+from protocol import wire
 from protocol.config import default_data_dir, default_endpoint
 
 from . import transcripts
 from .progress import Progress
 
 PAGE = 1000
+MERGE_BUFFER = 50_000      # messages the export's merge may hold across all sessions' pages
+MERGE_PAGE_MIN = 20
+BATCH_ENVELOPE_BYTES = 64 * 1024  # op, request id, the args map, msgpack headers: far less than this
 
 
 class Failed(Exception):
@@ -51,7 +59,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     h = sub.add_parser("health", help="a readable summary of get_system_health")
     h.add_argument("--json", action="store_true", help="the raw JSON instead")
     sub.add_parser("rebuild", help="compact the log and rebuild the indexes (rebuild_index)")
-    return p.parse_args(argv)
+    # argparse gives 'paths' its (empty) share as soon as it meets the harness, so paths written after
+    # an option ("codex --watch DIR") come back unrecognised: they are paths all the same.
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        if args.command != "import-transcripts" or any(x.startswith("-") for x in extra):
+            p.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.paths = [*args.paths, *extra]
+    return args
 
 
 def default_checkpoints() -> str:
@@ -87,22 +102,29 @@ class Admin:
 
     # -- export -----------------------------------------------------------------------------------
     async def export(self, out: TextIO, session: str | None) -> int:
+        """Every message in the store's creation order, as far as it can be seen from outside: each
+        session's history in its own order, sessions interleaved by message id (the daemon's ids
+        rise with creation). An import of the file then recreates the same creation order, which
+        search uses to break ties between equal scores."""
         total = None if session else (await self.call("get_system_health", {}))["active_messages"]
         progress = Progress("exported", total)
         sessions = [session] if session else [s async for s in self._sessions()]
-        for sid in sessions:
-            cursor = None
-            while True:
-                args: dict[str, Any] = {"view": "history", "session_id": sid, "limit": PAGE}
-                if cursor:
-                    args["cursor"] = cursor
-                page = await self.call("read_messages", args)
-                for msg in page["history"]:
-                    out.write(json.dumps(msg, ensure_ascii=False) + "\n")
-                progress.advance(len(page["history"]))
-                cursor = page.get("nextCursor")
-                if not cursor:
-                    break
+        page = max(MERGE_PAGE_MIN, min(PAGE, MERGE_BUFFER // max(1, len(sessions))))
+        pending = [_History(sid) for sid in sessions]
+        heap: list[tuple[str, int]] = []
+        for i, h in enumerate(pending):
+            if await h.fill(self, page):
+                heap.append((h.head_id(), i))
+        heapq.heapify(heap)
+        while heap:
+            _, i = heap[0]
+            h = pending[i]
+            out.write(json.dumps(h.buffer.popleft(), ensure_ascii=False) + "\n")
+            progress.advance()
+            if h.buffer or await h.fill(self, page):
+                heapq.heapreplace(heap, (h.head_id(), i))
+            else:
+                heapq.heappop(heap)
         out.flush()
         progress.done()
         return progress.count
@@ -122,31 +144,43 @@ class Admin:
 
     # -- import -----------------------------------------------------------------------------------
     async def import_messages(self, messages, progress: Progress) -> tuple[int, int]:
-        """Send in batches bounded by count and bytes (each batch: one durable append, one fsync)."""
+        """Send in batches bounded by count and encoded bytes (each batch: one durable append, one
+        fsync). ``messages`` yields message objects, or (where, message) pairs: ``where`` (e.g.
+        "line 12") then replaces the batch position in a VALIDATION_ERROR."""
         imported = existing = 0
         batch: list[dict[str, Any]] = []
+        origins: list[str | None] = []
         size = 0
-        budget = L.MAX_REQUEST_BYTES * 3 // 4
+        budget = L.MAX_REQUEST_BYTES - BATCH_ENVELOPE_BYTES
 
         async def flush() -> None:
-            nonlocal imported, existing, batch, size
+            nonlocal imported, existing, batch, origins, size
             if batch:
-                r = await self.call("import_messages", {"messages": batch})
+                try:
+                    r = await self.call("import_messages", {"messages": batch})
+                except Failed as exc:
+                    raise Failed(_name_origin(str(exc), origins)) from None
                 imported += r["imported"]
                 existing += r["existing"]
                 progress.advance(len(batch))
-                batch, size = [], 0
+                batch, origins, size = [], [], 0
 
-        for msg in messages:
-            n = len(msg.get("content", "")) * 3 + 1024 if isinstance(msg, dict) else 1024
+        for item in messages:
+            where, msg = item if isinstance(item, tuple) else (None, item)
+            try:
+                n = len(wire.encode(msg)) + 16
+            except Exception:  # nothing the daemon could read
+                raise Failed(f"import_messages: {E.VALIDATION_ERROR}: {where or 'a message'}: cannot be encoded "
+                             "(lone surrogates, integers beyond 64 bits or too deep nesting)") from None
             if batch and (len(batch) >= L.IMPORT_BATCH_MAX or size + n > budget):
                 await flush()
             batch.append(msg)
+            origins.append(where)
             size += n
         await flush()
         return imported, existing
 
-    async def import_file(self, stream: TextIO) -> dict[str, Any]:
+    async def import_file(self, stream: BinaryIO) -> dict[str, Any]:
         bad: list[int] = []
 
         def messages():
@@ -154,11 +188,11 @@ class Admin:
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
-                except ValueError:
+                    obj = json.loads(line.decode("utf-8"))
+                except (ValueError, RecursionError):  # not UTF-8, not JSON (UnicodeDecodeError is a ValueError)
                     bad.append(lineno)
                     continue
-                yield obj
+                yield f"line {lineno}", obj
         progress = Progress("imported")
         imported, existing = await self.import_messages(messages(), progress)
         progress.done()
@@ -177,6 +211,7 @@ class Admin:
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):
                 pass
+        seen_files: set[str] = set()
         while True:
             files = list(transcripts.iter_files(harness, paths or transcripts.default_paths(harness)))
             progress = Progress(f"{harness} messages")
@@ -189,7 +224,8 @@ class Admin:
                 imported, existing = await self.import_messages(res.messages, progress)
                 cps.put(harness, path, cp)
                 cps.save()
-                totals["files"] += 1
+                seen_files.add(os.path.abspath(path))
+                totals["files"] = len(seen_files)
                 totals["lines"] += res.lines
                 totals["messages"] += len(res.messages)
                 totals["imported"] += imported
@@ -207,6 +243,42 @@ class Admin:
                 pass
         totals["malformed_at"] = malformed_where[:20]
         return totals
+
+
+class _History:
+    """One session's history, read page by page as the export's merge consumes it."""
+
+    def __init__(self, sid: str) -> None:
+        self.sid = sid
+        self.buffer: deque[dict[str, Any]] = deque()
+        self.cursor: str | None = None
+        self.done = False
+
+    def head_id(self) -> str:
+        return self.buffer[0]["message_id"]
+
+    async def fill(self, admin: Admin, limit: int) -> bool:
+        """Read the next page if the buffer is empty; True if there is a message to take."""
+        while not self.buffer and not self.done:
+            args: dict[str, Any] = {"view": "history", "session_id": self.sid, "limit": limit}
+            if self.cursor:
+                args["cursor"] = self.cursor
+            page = await admin.call("read_messages", args)
+            self.buffer.extend(page["history"])
+            self.cursor = page.get("nextCursor")
+            self.done = not self.cursor
+        return bool(self.buffer)
+
+
+_BATCH_POSITION = re.compile(r"messages\[(\d+)\]")
+
+
+def _name_origin(text: str, origins: list[str | None]) -> str:
+    """``messages[3].role ...`` -> ``line 12: role ...`` when the batch's messages have origins."""
+    def sub(m: re.Match[str]) -> str:
+        i = int(m.group(1))
+        return f"{origins[i]}: message" if i < len(origins) and origins[i] else m.group(0)
+    return _BATCH_POSITION.sub(sub, text)
 
 
 def print_health(h: dict[str, Any]) -> None:
@@ -242,7 +314,7 @@ async def run(args: argparse.Namespace) -> int:
             print(json.dumps({"exported": n}), file=sys.stderr if args.output == "-" else sys.stdout)
         elif args.command == "import":
             try:
-                stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+                stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
             except OSError as exc:
                 print(f"convmem: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
                 return 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,16 +43,20 @@ def parse_time_ms(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return int(value)
-    if not isinstance(value, str):
+        if not math.isfinite(value):
+            return None
+        ms = int(value)
+    elif isinstance(value, str):
+        try:
+            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if dt.tzinfo is None:
+            return None
+        ms = int(dt.timestamp() * 1000)
+    else:
         return None
-    try:
-        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if dt.tzinfo is None:
-        return None
-    return int(dt.timestamp() * 1000)
+    return ms if 0 <= ms <= L.TIME_MS_MAX else None  # what a message's timestamp may be
 
 
 def derived_ulid(ms: int, key: str) -> str:
@@ -61,9 +66,9 @@ def derived_ulid(ms: int, key: str) -> str:
 
 
 def _clip_utf8(text: str, max_bytes: int) -> str:
-    data = text.encode("utf-8", "replace")
+    data = text.encode("utf-8", "replace")  # lone surrogates (JSON can carry them) become "?"
     if len(data) <= max_bytes:
-        return text
+        return data.decode("utf-8")
     keep = max_bytes - len(CONTENT_CUT_MARK.encode())
     return data[:keep].decode("utf-8", "ignore") + CONTENT_CUT_MARK
 
@@ -102,7 +107,8 @@ def claude_entries(obj: Any, path: str) -> list[Entry]:
     ts = parse_time_ms(obj.get("timestamp"))
     if not isinstance(msg, dict) or not isinstance(uuid, str) or ts is None or not isinstance(session, str):
         raise Malformed("user/assistant line without message, uuid, sessionId or timestamp")
-    project = os.path.basename(obj.get("cwd") or "") or os.path.basename(os.path.dirname(path))
+    cwd = obj.get("cwd")
+    project = (os.path.basename(cwd) if isinstance(cwd, str) else "") or os.path.basename(os.path.dirname(path))
     content = msg.get("content")
     parts: list[str] = []
     if isinstance(content, str):
@@ -211,9 +217,12 @@ def read_new(harness: str, path: str, checkpoint: dict[str, Any] | None) -> tupl
     ident = [st.st_dev, st.st_ino]
     start = 0
     state = CodexState()
-    if checkpoint and checkpoint.get("file") == ident and checkpoint.get("offset", 0) <= st.st_size:
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("offset"), int) \
+            or not isinstance(checkpoint.get("lines", 0), int):
+        checkpoint = None  # none, or not one we wrote: read the file from the start
+    if checkpoint and checkpoint.get("file") == ident and 0 <= checkpoint["offset"] <= st.st_size:
         start = checkpoint["offset"]
-        state = CodexState(checkpoint.get("session", ""), checkpoint.get("project", ""))
+        state = CodexState(str(checkpoint.get("session") or ""), str(checkpoint.get("project") or ""))
     res = FileResult(end_offset=start)
     with open(path, "rb") as f:
         f.seek(start)
@@ -270,6 +279,8 @@ class Checkpoints:
                 self.data: dict[str, Any] = json.load(f)
         except (OSError, ValueError):
             self.data = {}
+        if not isinstance(self.data, dict) or not all(isinstance(v, dict) for v in self.data.values()):
+            self.data = {}  # not a checkpoint file: start over (the derived ids make that harmless)
 
     def get(self, harness: str, path: str) -> dict[str, Any] | None:
         return self.data.get(harness, {}).get(os.path.abspath(path))

@@ -65,6 +65,11 @@ def _input(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[s
     return _obj(properties, required, additionalProperties=False)
 
 
+# epoch milliseconds or RFC 3339 text (minimum/maximum bind the integer form, maxLength the text form)
+_TIME = {"type": ["integer", "string"], "minimum": 0, "maximum": L.TIME_MS_MAX, "minLength": 1,
+         "maxLength": L.TIME_TEXT_MAX_BYTES}
+
+
 def _choices(values: tuple[str, ...]) -> str:
     return " / ".join(values)
 
@@ -308,10 +313,10 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
                       L.CONTEXT_NEIGHBOURS_DEFAULT),
         "relation_depth": _int("context: how many relation hops to follow (both directions).", 0,
                                L.RELATION_DEPTH_MAX, L.RELATION_DEPTH_DEFAULT),
-        "since": {"type": ["integer", "string"], "description": "sessions: only sessions with a message at or "
+        "since": {**_TIME, "description": "sessions: only sessions with a message at or "
                   "after this time (inclusive): epoch milliseconds, or RFC 3339 text with an explicit offset, "
                   "e.g. \"2026-11-28T00:00:00+09:00\"."},
-        "until": {"type": ["integer", "string"], "description": "sessions: only sessions that started before "
+        "until": {**_TIME, "description": "sessions: only sessions that started before "
                   "this time (exclusive); same forms as since. since+until = \"what was I doing then\"."},
         "order": _enum("sessions: by start time, then session_id.", L.SESSION_ORDERS, L.SESSION_ORDER_DEFAULT),
         "relation_types_json": _text(

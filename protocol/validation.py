@@ -373,6 +373,8 @@ def check_time(value: Any, field: str) -> int:
         if not 0 <= value <= L.TIME_MS_MAX:
             raise invalid(f"{field} must be between 1970 and the year 10889")
         return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid(f"{field} must be epoch milliseconds (an integer) or RFC 3339 date-time text")
     return check_int(value, field, 0, L.TIME_MS_MAX)
 
 
