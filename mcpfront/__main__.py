@@ -99,8 +99,12 @@ async def _run(args: argparse.Namespace) -> None:
             else:
                 from mcp.server.stdio import stdio_server
 
-                async with stdio_server() as (read, write):
-                    await server.run(read, write, server.create_initialization_options())
+                from .stdio import native_stdio
+
+                async with native_stdio() as native:
+                    stdin, stdout = native if native is not None else (None, None)
+                    async with stdio_server(stdin, stdout) as (read, write):
+                        await server.run(read, write, server.create_initialization_options())
             tg.cancel_scope.cancel()
     finally:
         client.close()

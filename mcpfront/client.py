@@ -29,6 +29,7 @@ DEFAULT_ATTEMPTS = 3
 PING_TIMEOUT_S = 0.5
 # How long a caller should wait after "daemon unavailable" before trying again.
 UNAVAILABLE_RETRY_AFTER_MS = 1000
+IDLE_SOCKETS_MAX = 16
 UNAVAILABLE_MESSAGE = "storage daemon unavailable (no reply in time); retry later"
 
 
@@ -94,6 +95,10 @@ class DaemonClient:
         self.attempts = max(1, attempts)
         self._ctx = context
         self._own_ctx = context is None
+        # Idle connected REQ sockets. Each call takes one (or opens one), so concurrent calls still
+        # run concurrently; a socket goes back only after a complete round trip, so a timed-out
+        # socket (in REQ's send-wait state, its late reply pending) is never reused: Lazy Pirate.
+        self._idle: list[zmq.asyncio.Socket] = []
 
     @property
     def ctx(self) -> zmq.asyncio.Context:
@@ -102,6 +107,9 @@ class DaemonClient:
         return self._ctx
 
     def close(self) -> None:
+        for sock in self._idle:
+            sock.close(linger=0)
+        self._idle.clear()
         if self._ctx is not None and self._own_ctx:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -132,19 +140,27 @@ class DaemonClient:
         return unavailable()
 
     async def _attempt(self, frame: bytes, timeout: float) -> bytes:
-        sock = self.ctx.socket(zmq.REQ)
-        try:
+        if self._idle:
+            sock = self._idle.pop()
+        else:
+            sock = self.ctx.socket(zmq.REQ)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.connect(self.endpoint)
-
+        done = False
+        try:
             async def roundtrip() -> bytes:
                 await sock.send(frame)
                 return await sock.recv()
 
-            return await asyncio.wait_for(roundtrip(), timeout)
+            reply = await asyncio.wait_for(roundtrip(), timeout)
+            done = True
+            return reply
         finally:
-            sock.close(linger=0)
+            if done and len(self._idle) < IDLE_SOCKETS_MAX:
+                self._idle.append(sock)
+            else:
+                sock.close(linger=0)
 
     @staticmethod
     def _decode(raw: bytes, op: str) -> dict[str, Any]:
