@@ -203,10 +203,51 @@ def startup(tmp: str, n: int) -> dict[str, Any]:
     return out
 
 
+def rebuild_pause(tmp: str, n: int, deletes: float = 0.2) -> dict[str, Any]:
+    """rebuild_index at n messages (a fifth deleted) while a client pings the daemon non-stop:
+    the rebuild's duration and the longest round trip the request loop gave meanwhile."""
+    data_dir = os.path.join(tmp, f"rebuild{n}")
+    build_store(data_dir, n)
+    store = Store.open(data_dir, io=NoSyncIO())
+    for m in list(store.by_seq.values())[:: int(1 / deletes)]:
+        store.delete_message({"message_id": m.message_id, "session_id": None})
+    store.close()
+    proc, _ = start_daemon(data_dir)
+    try:
+        sock, call = _client(default_endpoint(data_dir))
+        idle = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            call("ping", {})
+            idle.append(time.perf_counter() - t0)
+        t_start = time.perf_counter()
+        r = call("rebuild_index", {})
+        rid = r["rebuild_id"]
+        pings: list[float] = []
+        polls = 0
+        while True:
+            t0 = time.perf_counter()
+            call("ping", {})
+            pings.append(time.perf_counter() - t0)
+            polls += 1
+            if polls % 20 == 0:
+                st = call("rebuild_status", {"rebuild_id": rid})
+                if st["status"] != "REBUILDING":
+                    break
+        total = time.perf_counter() - t_start
+        sock.close()
+    finally:
+        stop(proc)
+    return {"messages": n, "live_after": st.get("messages_indexed"), "rebuild_s": round(total, 2),
+            "ping_idle": summary_ms(idle), "ping_during_rebuild": summary_ms(pings),
+            "longest_pause_ms": round(max(pings) * 1000, 1), "figures": st}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--writes", type=int, default=2000)
     p.add_argument("--sizes", default="100000")
+    p.add_argument("--rebuild-size", type=int, default=100000, help="store size for the rebuild figure (0: skip)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     sizes = [int(x) for x in a.sizes.split(",") if x]
@@ -215,6 +256,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         res: dict[str, Any] = {"engine_write": engine_writes(tmp, a.writes)}
         res["daemon_write"] = daemon_writes(tmp, a.writes)
         res["startup"] = [startup(tmp, n) for n in sizes]
+        if a.rebuild_size:
+            res["rebuild"] = rebuild_pause(tmp, a.rebuild_size)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     e = res["engine_write"]
@@ -234,6 +277,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
          round(s["rss_bytes"] / 2**20, 1), round(s["text_bytes"] / 2**20, 1), s["rss_over_text"]]
         for s in res["startup"]],
         ["messages", "start (replay) s", "start (snapshot) s", "stop+snapshot s", "RSS MiB", "text MiB", "RSS/text"])
+    if "rebuild" in res:
+        r = res["rebuild"]
+        print_table("rebuild_index beside the request loop", [[
+            r["messages"], r["live_after"], r["rebuild_s"], r["ping_idle"]["p50_ms"],
+            r["ping_during_rebuild"]["p50_ms"], r["ping_during_rebuild"]["p95_ms"], r["longest_pause_ms"]]],
+            ["messages", "live", "rebuild s", "ping idle p50", "ping p50 during", "p95 during", "longest ms"])
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -35,7 +35,7 @@ from storaged import search as S  # noqa: E402
 from storaged.search import SearchIndex  # noqa: E402
 from storaged.tokenize import STOP_WORDS  # noqa: E402
 
-DATA = Path(os.environ.get("CONVMEM_LOCOMO", "/work/shared/data/locomo-dev.json"))
+DATA = Path(os.environ.get("CONVMEM_LOCOMO", Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.json"))
 KS = (1, 5, 10)
 
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from storaged.search import SearchIndex  # noqa: E402
 from storaged.tokenize import STOP_WORDS  # noqa: E402
 
-DATA = Path(os.environ.get("CONVMEM_LOCOMO", "/work/shared/data/locomo-dev.json"))
+DATA = Path(os.environ.get("CONVMEM_LOCOMO", Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.json"))
 
 _FIRST = (
     "Alex Sam Maria John Mei Yuki Ken Aiko Lena Omar Priya Ravi Sofia Liam Emma Noah Olivia Ava "
