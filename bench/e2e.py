@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,12 +47,45 @@ async def _mcp_writes(data_dir: str, texts: list[str]) -> list[float]:
     return lat
 
 
+def _raw_stdio_writes(data_dir: str, texts: list[str]) -> list[float]:
+    """The same calls as newline-delimited JSON-RPC over the front-end's stdin/stdout, with no client
+    library: what the front-end and daemon cost, without a Python client's own validation."""
+    fe = subprocess.Popen([sys.executable, "-m", "mcpfront", "--data-dir", data_dir, "--no-spawn"], cwd=REPO,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def rpc(obj: dict[str, Any]) -> Any:
+        fe.stdin.write((json.dumps(obj) + "\n").encode())
+        fe.stdin.flush()
+        return json.loads(fe.stdout.readline()) if "id" in obj else None
+
+    try:
+        rpc({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}})
+        rpc({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        lat = []
+        for i, t in enumerate(texts):
+            t0 = time.perf_counter()
+            r = rpc({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call", "params": {
+                "name": "write_message", "arguments": {"session_id": "raw", "role": "user", "content": t}}})
+            lat.append(time.perf_counter() - t0)
+            assert not r["result"].get("isError"), r
+        return lat
+    finally:
+        fe.stdin.close()
+        try:
+            fe.wait(10)
+        except subprocess.TimeoutExpired:
+            fe.kill()
+            fe.wait()
+
+
 def mcp_write_latency(tmp: str, n: int) -> dict[str, Any]:
     data_dir = os.path.join(tmp, "e2e")
     proc, _ = start_daemon(data_dir)
     texts = [c for _, c in corpus(n, seed=21)]
     try:
         ours = asyncio.run(_mcp_writes(data_dir, texts))
+        raw = _raw_stdio_writes(data_dir, texts)
     finally:
         stop(proc)
     base = SqliteBaseline(os.path.join(tmp, "e2e.sqlite"), fts=True)
@@ -61,8 +95,9 @@ def mcp_write_latency(tmp: str, n: int) -> dict[str, Any]:
         base.write(str(ULID()), "e2e", t)
         theirs.append(time.perf_counter() - t0)
     base.close()
-    o, s = summary_ms(ours), summary_ms(theirs)
-    return {"ours": o, "sqlite": s, "ratio_p50": ratio(o["p50_ms"], s["p50_ms"])}
+    o, s, r = summary_ms(ours), summary_ms(theirs), summary_ms(raw)
+    return {"ours": o, "ours_raw_jsonrpc": r, "sqlite": s, "ratio_p50": ratio(o["p50_ms"], s["p50_ms"]),
+            "raw_ratio_p50": ratio(r["p50_ms"], s["p50_ms"])}
 
 
 def _load(data_dir: str, db_path: str, n: int) -> list[tuple[str, str]]:
@@ -143,7 +178,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
     w = res["mcp_stdio_write"]
     print_table("Durable write end to end (MCP stdio client -> front-end -> daemon -> fsync)", [
-        ["convmem via MCP stdio", w["ours"]["p50_ms"], w["ours"]["p95_ms"], w["ratio_p50"]],
+        ["convmem via MCP stdio, SDK client", w["ours"]["p50_ms"], w["ours"]["p95_ms"], w["ratio_p50"]],
+        ["convmem via MCP stdio, raw JSON-RPC", w["ours_raw_jsonrpc"]["p50_ms"], w["ours_raw_jsonrpc"]["p95_ms"],
+         w["raw_ratio_p50"]],
         ["SQLite WAL FULL (in-process)", w["sqlite"]["p50_ms"], w["sqlite"]["p95_ms"], 1.0]],
         ["", "p50 ms", "p95 ms", "ratio"])
     print_table(f"Read latency at {a.messages} messages (daemon protocol vs SQLite in-process)", [
