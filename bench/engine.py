@@ -108,6 +108,17 @@ def daemon_writes(tmp: str, n: int, writers_list=(1, 4, 8)) -> dict[str, Any]:
         for w in writers_list}}
 
 
+def _rate(run, writers: int, done: list[int]) -> float:
+    """Run ``run(k)`` in ``writers`` threads at once; writes per second over all of them."""
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(writers)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return round(sum(done) / (time.perf_counter() - t0), 1)
+
+
 def _throughput_daemon(ep: str, texts: list[str], writers: int) -> float:
     per = max(1, len(texts) // writers)
     done = []
@@ -119,13 +130,7 @@ def _throughput_daemon(ep: str, texts: list[str], writers: int) -> float:
         sock.close()
         done.append(per)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(writers)]
-    t0 = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return round(sum(done) / (time.perf_counter() - t0), 1)
+    return _rate(run, writers, done)
 
 
 def _throughput_sqlite(path: str, texts: list[str], writers: int) -> float:
@@ -146,13 +151,7 @@ def _throughput_sqlite(path: str, texts: list[str], writers: int) -> float:
         b.close()
         done.append(per)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(writers)]
-    t0 = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return round(sum(done) / (time.perf_counter() - t0), 1)
+    return _rate(run, writers, done)
 
 
 def build_store(data_dir: str, n: int) -> int:

@@ -21,14 +21,7 @@ def salvage(data_dir: str, io: FileIO | None = None) -> dict[str, Any]:
     if not store.salt:
         raise RuntimeError("the log header is unreadable, so no record can be verified; nothing was changed")
     damaged = f"{store.log_path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
-    data = bytes(io.read_all(store.log_path))
-    fd = io.open_new(damaged)
-    try:
-        io.write(fd, data)
-        io.sync(fd)
-    finally:
-        io.close(fd)
-    io.sync_dir(store.dir)
+    io.write_file_atomic(damaged, bytes(io.read_all(store.log_path)))
     scan = store.scan_result
     result = compaction.rebuild(store)
     store.close()

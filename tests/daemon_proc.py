@@ -31,6 +31,31 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+def pid_alive(pid: int) -> bool:
+    """Running (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def pids_mentioning(needle: str) -> list[int]:
+    """Live processes whose command line contains ``needle`` (our temp dir is unique)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmdline and pid_alive(int(entry)):
+            out.append(int(entry))
+    return out
+
+
 def new_rid() -> str:
     return str(ulid.ULID())
 

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import anyio
 import pytest
 
+from daemon_proc import pid_alive as _alive, pids_mentioning as _pids_mentioning
 from mcp_fixtures import anyio_backend, call, free_port, kill_pid  # noqa: F401  (fixture)
 
 from mcp import Client
@@ -41,29 +42,6 @@ def _tool(name: str, module: str) -> list[str]:
     return [path] if os.access(path, os.X_OK) else [sys.executable, "-m", module]
 
 
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-def _pids_mentioning(needle: str) -> list[int]:
-    """Live processes whose command line contains ``needle`` (our temp dir is unique)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmdline and _alive(int(entry)):
-            out.append(int(entry))
-    return out
 
 
 def _descendants(root: int) -> list[int]:

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
 import ulid
 
 from daemon_proc import Client as ZClient
+from daemon_proc import pid_alive as _alive, pids_mentioning as _pids_mentioning
 from mcp_fixtures import anyio_backend, call, kill_pid  # noqa: F401  (fixture)
 
 from mcp import Client, StdioServerParameters
@@ -45,27 +47,6 @@ def clean_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-def _pids_mentioning(needle: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmdline and _alive(int(entry)):
-            out.append(int(entry))
-    return out
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
