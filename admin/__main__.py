@@ -17,7 +17,7 @@ import sys
 from collections import deque
 from typing import Any, BinaryIO, TextIO
 
-from mcpfront.client import DEFAULT_TIMEOUT_S, DaemonClient
+from mcpfront.client import DEFAULT_TIMEOUT_S, DaemonClient, read_curve_server_key
 from mcpfront.server import Backend
 from mcpfront.spawn import Spawner
 from protocol import errors as E
@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--endpoint", help="daemon endpoint (default: $CONVMEM_ENDPOINT, else ipc:// in DATA_DIR/run)")
     p.add_argument("--no-spawn", action="store_true", help="never start a storage daemon")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per daemon request attempt")
+    p.add_argument("--curve-server-key-file", help="the daemon's CURVE public key, for a tcp:// endpoint")
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="write the store (or one session) as JSON Lines, one message per line")
     e.add_argument("--session", help="only this session_id")
@@ -78,7 +79,8 @@ class Admin:
     def __init__(self, args: argparse.Namespace) -> None:
         data_dir = os.path.abspath(args.data_dir or default_data_dir())
         endpoint = args.endpoint or default_endpoint(data_dir)
-        self.client = DaemonClient(endpoint, timeout=args.timeout)
+        self.client = DaemonClient(endpoint, timeout=args.timeout,
+                                   curve_server_key=read_curve_server_key(args.curve_server_key_file))
         spawner = None if args.no_spawn else Spawner(self.client, data_dir, endpoint)
         self.backend = Backend(self.client, spawner)
 

@@ -38,11 +38,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="with --http: another Host name to accept (DNS-rebinding protection accepts only "
                         "loopback names and the bind address otherwise); repeatable")
+    p.add_argument("--curve-server-key-file", help="the daemon's CURVE public key, for a tcp:// endpoint "
+                                                   "(default: $CONVMEM_CURVE_SERVER_KEY_FILE)")
     p.add_argument("--log-level", default=os.environ.get("CONVMEM_LOG_LEVEL", "WARNING"),
                    help="log level for stderr (default WARNING)")
     args = p.parse_args(argv)
     if args.timeout <= 0:
         p.error("--timeout must be positive")
+    from .client import read_curve_server_key
+
+    try:
+        args.curve_server_key = read_curve_server_key(args.curve_server_key_file)
+    except (OSError, ValueError) as exc:
+        p.error(f"--curve-server-key-file: {getattr(exc, 'strerror', None) or exc}")
     return args
 
 
@@ -86,7 +94,7 @@ async def _run(args: argparse.Namespace) -> None:
 
     data_dir = os.path.abspath(args.data_dir) if args.data_dir else config.default_data_dir()
     endpoint = args.endpoint or config.default_endpoint(data_dir)
-    client = DaemonClient(endpoint, timeout=args.timeout)
+    client = DaemonClient(endpoint, timeout=args.timeout, curve_server_key=args.curve_server_key)
     spawner = None if args.no_spawn else Spawner(client, data_dir, endpoint)
     server = build_server(Backend(client, spawner))
     try:

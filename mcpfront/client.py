@@ -89,8 +89,11 @@ def ipc_path(endpoint: str) -> str | None:
 
 class DaemonClient:
     def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT_S, attempts: int = DEFAULT_ATTEMPTS,
-                 context: zmq.asyncio.Context | None = None) -> None:
+                 context: zmq.asyncio.Context | None = None, curve_server_key: bytes | None = None) -> None:
         self.endpoint = endpoint
+        # CURVE (for a tcp:// daemon): the daemon's public key, and a key pair of our own
+        self.curve_server_key = curve_server_key
+        self._curve_keys = zmq.curve_keypair() if curve_server_key is not None else None
         self.timeout = timeout
         self.attempts = max(1, attempts)
         self._ctx = context
@@ -146,6 +149,9 @@ class DaemonClient:
             sock = self.ctx.socket(zmq.REQ)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)
+            if self._curve_keys is not None:
+                sock.curve_serverkey = self.curve_server_key
+                sock.curve_publickey, sock.curve_secretkey = self._curve_keys
             sock.connect(self.endpoint)
         done = False
         try:
@@ -180,3 +186,15 @@ class DaemonClient:
             return False
         reply = await self.request("ping", {}, timeout=timeout, attempts=1)
         return reply.get("status") == "OK"
+
+
+def read_curve_server_key(path: str | None) -> bytes | None:
+    """The daemon's CURVE public key (40 Z85 characters) from a file; None when no file is named."""
+    path = path or os.environ.get("CONVMEM_CURVE_SERVER_KEY_FILE")
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        key = f.read().strip()
+    if len(key) != 40:
+        raise ValueError("the CURVE server key file must hold a 40-character Z85 public key")
+    return key
