@@ -210,6 +210,7 @@ def rebuild_pause(tmp: str, n: int, deletes: float = 0.2) -> dict[str, Any]:
     store = Store.open(data_dir, io=NoSyncIO())
     for m in list(store.by_seq.values())[:: int(1 / deletes)]:
         store.delete_message({"message_id": m.message_id, "session_id": None})
+    store.write_snapshot()  # a fast start; the rebuild is what is measured
     store.close()
     proc, _ = start_daemon(data_dir)
     try:

@@ -214,6 +214,10 @@ class Server:
         if self.snapshot_child is not None:
             self._reap_snapshot_child(block=True, kill=True)  # the rebuild writes a fresh one anyway
         self.store.rebuilding = True
+        # No cyclic GC while the worker builds a million new objects: every full collection would walk
+        # them all holding the GIL (seconds of stalled requests at 1M). Collection resumes, with the
+        # new structures frozen, when the rebuild ends.
+        gc.disable()
         self.rebuild_id = rid
         self.rebuild_outcome = None
         self.rebuild_cancel.clear()
@@ -269,6 +273,7 @@ class Server:
             LOG.warning("rebuild %s did not complete: %s", rid, reply)
         self.store.rebuilding = False
         gc.freeze()  # the rebuilt structures are long-lived: keep full collections from walking them
+        gc.enable()
         self.rebuild_thread = None
         self.rebuild_id = None
         if rid is not None:
