@@ -162,3 +162,11 @@ def print_table(title: str, rows: list[list[Any]], header: list[str]) -> None:
     print("  ".join(str(h).ljust(w) for h, w in zip(header, widths)))
     for r in rows:
         print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))
+
+
+def write_json(path: str | None, res: dict[str, Any]) -> dict[str, Any]:
+    """Write the results where --json says (if it says) and hand them back."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=2)
+    return res

@@ -28,7 +28,7 @@ from ulid import ULID
 from protocol.config import default_endpoint
 from protocol.wire import decode, encode_request
 
-from .common import REPO, SqliteBaseline, corpus, print_table, ratio, start_daemon, stop, summary_ms
+from .common import REPO, SqliteBaseline, write_json, corpus, print_table, ratio, start_daemon, stop, summary_ms
 
 
 async def _mcp_writes(data_dir: str, texts: list[str]) -> list[float]:
@@ -187,10 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         [k, v["ours"]["p50_ms"], v["ours"]["p95_ms"], v["sqlite_in_process"]["p50_ms"],
          v["sqlite_in_process"]["p95_ms"], v["ratio_p50"]] for k, v in res["reads"].items()],
         ["read", "ours p50", "ours p95", "SQLite p50", "SQLite p95", "ratio p50"])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
-    return res
+    return write_json(a.json, res)
 
 
 if __name__ == "__main__":

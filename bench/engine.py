@@ -7,7 +7,6 @@ Each figure of ours stands beside SQLite (WAL, synchronous=FULL, FTS5) measured 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sqlite3
@@ -25,7 +24,7 @@ from protocol.wire import decode, encode_request
 from storaged.fileio import FileIO
 from storaged.store import Store
 
-from .common import (SqliteBaseline, corpus, print_table, ratio, rss_bytes, start_daemon, stop, summary_ms)
+from .common import (SqliteBaseline, write_json, corpus, print_table, ratio, rss_bytes, start_daemon, stop, summary_ms)
 
 
 class NoSyncIO(FileIO):
@@ -283,10 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             r["messages"], r["live_after"], r["rebuild_s"], r["ping_idle"]["p50_ms"],
             r["ping_during_rebuild"]["p50_ms"], r["ping_during_rebuild"]["p95_ms"], r["longest_pause_ms"]]],
             ["messages", "live", "rebuild s", "ping idle p50", "ping p50 during", "p95 during", "longest ms"])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
-    return res
+    return write_json(a.json, res)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ damaged stretch), applies them in order, and writes a clean compacted log and sn
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 

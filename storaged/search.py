@@ -306,6 +306,17 @@ def _best_first(acc: dict, slots):
         yield heappop(heap)[1]
 
 
+def _note_char_term(ct: dict[str, array], term: str, tid: int) -> None:
+    """Index a CJK bigram under each of its characters, so that a one-character query finds it."""
+    if len(term) == 2 and _CJK_CHAR.match(term):
+        for c in {term[0], term[1]}:
+            a = ct.get(c)
+            if a is None:
+                ct[c] = array("I", (tid,))
+            else:
+                a.append(tid)
+
+
 class SearchIndex:
     """BM25 over content, summary and tags of each doc; see the module docstring for the layout."""
 
@@ -352,14 +363,8 @@ class SearchIndex:
                 self._maxtf[f].append(0)
         self._vocab[term] = tid
         self._term_bytes += sys.getsizeof(term)
-        ct = self._char_terms
-        if ct is not None and len(term) == 2 and _CJK_CHAR.match(term):
-            for c in {term[0], term[1]}:
-                a = ct.get(c)
-                if a is None:
-                    ct[c] = array("I", (tid,))
-                else:
-                    a.append(tid)
+        if self._char_terms is not None:
+            _note_char_term(self._char_terms, term, tid)
         return tid
 
     def add(self, doc: int, content: str, summary: str | None, tags: Sequence[str]) -> None:
@@ -624,13 +629,7 @@ class SearchIndex:
         if self._char_terms is None:
             ct: dict[str, array] = {}
             for term, tid in self._vocab.items():
-                if len(term) == 2 and _CJK_CHAR.match(term):
-                    for c in {term[0], term[1]}:
-                        a = ct.get(c)
-                        if a is None:
-                            ct[c] = array("I", (tid,))
-                        else:
-                            a.append(tid)
+                _note_char_term(ct, term, tid)
             self._char_terms = ct
         return self._char_terms
 

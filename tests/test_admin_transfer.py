@@ -337,11 +337,6 @@ def test_batches_are_bounded_by_encoded_size(world, tmp_path):
 
 
 # -------------------------------------------------------------------------- import_messages op
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(str(tmp_path / "data"))
-    yield s
-    s.close()
 
 
 def test_import_op_is_idempotent_and_one_append_per_batch(store, tmp_path):

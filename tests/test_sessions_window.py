@@ -86,13 +86,6 @@ def verr(fn, *a, **kw) -> str:
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = Store.open(str(tmp_path / "data"))
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def day(store):
     """Sessions around T0 (times in ms relative to T0):
     old [-100000, -50000], a [0, 1000], b [5000], c [10000, 20000], d [5000] (ties with b), late [60000]."""

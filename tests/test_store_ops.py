@@ -17,13 +17,6 @@ from storaged.store import Store
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(str(tmp_path / "data"))
-    yield s
-    s.close()
-
-
 def reopen(s: Store, io=None) -> Store:
     s.close()
     return Store.open(s.dir, io=io)

@@ -19,13 +19,6 @@ from storaged.store import Store
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(str(tmp_path / "data"))
-    yield s
-    s.close()
-
-
 def err(fn, *a, **kw) -> ProtocolError:
     with pytest.raises(ProtocolError) as info:
         fn(*a, **kw)
