@@ -233,7 +233,7 @@ READ_DESC = (
     "Read stored memory, narrow to wide. view='history' (default, needs session_id): a session's messages "
     "in creation order, paged with limit and nextCursor. view='sessions': the list of sessions (message "
     "counts per kind, representative summary, first/last time), paged the same way, optionally only those "
-    "active in a time window (since inclusive, until exclusive) and newest first (order='desc'): "
+    "with a message at or after since that started before until, and newest first (order='desc'): "
     "\"what did I work on yesterday\" is one call. view='context' (needs "
     "message_id): one message with its neighbours in the session (before/after) and its relation graph "
     "(relation_depth, relation_types_json) -- use it after search_messages to see what surrounds a hit. "

@@ -262,11 +262,15 @@ def validate_update_message(raw: Any) -> dict[str, Any]:
     return a.done(out)
 
 
+# Which parameters each view takes. view, limit and cursor are the contract's common inputs, so every
+# view accepts them (content and context have no pages and ignore both); the sessions view accepts
+# and ignores session_id, which the contract says it "does not use". Parameters of another view are
+# refused, so that a mistaken call (message_id to history...) is told so instead of half-served.
 _VIEW_PARAMS = {
     "history": {"session_id", "limit", "cursor"},
-    "sessions": {"limit", "cursor", "since", "until", "order"},
-    "content": {"message_id", "content_offset", "content_limit", "expected_revision", "limit"},
-    "context": {"message_id", "before", "after", "relation_depth", "relation_types_json", "limit"},
+    "sessions": {"limit", "cursor", "since", "until", "order", "session_id"},
+    "content": {"message_id", "content_offset", "content_limit", "expected_revision", "limit", "cursor"},
+    "context": {"message_id", "before", "after", "relation_depth", "relation_types_json", "limit", "cursor"},
 }
 
 
@@ -287,9 +291,9 @@ def validate_read_messages(raw: Any) -> dict[str, Any]:
         "limit": a.get("limit", lambda v: check_int(v, "limit", L.READ_LIMIT_MIN, L.READ_LIMIT_MAX),
                        L.READ_LIMIT_DEFAULT),
     }
-    if view in ("history", "sessions"):
-        out["cursor"] = a.get("cursor", lambda v: check_text(v, "cursor", 1, L.CURSOR_MAX_BYTES), None)
+    out["cursor"] = a.get("cursor", lambda v: check_text(v, "cursor", 1, L.CURSOR_MAX_BYTES), None)
     if view == "sessions":
+        a.get("session_id", _session_id, None)  # checked, not used
         out["since"] = a.get("since", lambda v: check_time(v, "since"), None)
         out["until"] = a.get("until", lambda v: check_time(v, "until"), None)
         out["order"] = a.get("order", lambda v: check_enum(v, "order", L.SESSION_ORDERS), L.SESSION_ORDER_DEFAULT)
@@ -329,7 +333,8 @@ def _filters(v: Any) -> dict[str, Any]:
             allowed = L.MEMORY_KINDS if key == "kinds" else L.MEMORY_TIERS
             if not isinstance(value, list):
                 raise invalid(f"filters_json.{key} must be an array of strings")
-            out[key] = frozenset(check_enum(x, f"filters_json.{key} item", allowed) for x in value)
+            # an empty list restricts nothing, as an empty tags list does (not "match no kind")
+            out[key] = frozenset(check_enum(x, f"filters_json.{key} item", allowed) for x in value) or None
         elif key == "tags":
             out["tags"] = _tags(value, "filters_json.tags")
         else:

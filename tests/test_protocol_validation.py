@@ -306,13 +306,19 @@ class TestReadMessages:
         bad("read_messages", dict(HIST, session_id=mb(257, "日")), "session_id")
         bad("read_messages", dict(HIST, session_id=""), "session_id")
 
-    def test_sessions_takes_no_session_id(self):
-        bad("read_messages", dict(SESSIONS, session_id=SECRET), "session_id")
+    def test_sessions_checks_but_ignores_session_id(self):
+        # the contract: the sessions view "does not use" session_id — accepted, still checked
+        assert "session_id" not in validate("read_messages", dict(SESSIONS, session_id="s1"))
+        bad("read_messages", dict(SESSIONS, session_id=mb(257, "日")), "session_id")
+
+    @pytest.mark.parametrize("base", [CONTENT, CONTEXT])
+    def test_common_cursor_is_accepted_by_every_view(self, base):
+        assert validate("read_messages", dict(base, cursor="abc"))["cursor"] == "abc"
+        bad("read_messages", dict(base, cursor=""), "cursor")
 
     @pytest.mark.parametrize("base,param,value", [
         (HIST, "message_id", ULID_A), (HIST, "content_offset", 0), (SESSIONS, "before", 1),
-        (CONTENT, "cursor", "abc"), (CONTENT, "session_id", "s"), (CONTEXT, "content_limit", 5),
-        (CONTEXT, "cursor", "abc"), (CONTENT, "relation_depth", 1),
+        (CONTENT, "session_id", "s"), (CONTEXT, "content_limit", 5), (CONTENT, "relation_depth", 1),
     ])
     def test_parameters_of_other_views(self, base, param, value):
         bad("read_messages", dict(base, **{param: value}), param)
@@ -328,8 +334,8 @@ class TestReadMessages:
 
     def test_content_defaults(self):
         assert ok("read_messages", CONTENT) == {
-            "view": "content", "limit": 100, "message_id": ULID_A, "content_offset": 0, "content_limit": 4096,
-            "expected_revision": None}
+            "view": "content", "limit": 100, "cursor": None, "message_id": ULID_A, "content_offset": 0,
+            "content_limit": 4096, "expected_revision": None}
 
     def test_content_offset_and_limit(self):
         for off in (0, L.MiB):
@@ -345,8 +351,8 @@ class TestReadMessages:
 
     def test_context_defaults(self):
         assert ok("read_messages", CONTEXT) == {
-            "view": "context", "limit": 100, "message_id": ULID_A, "before": 1, "after": 1, "relation_depth": 1,
-            "relation_types": L.RELATION_TYPES}
+            "view": "context", "limit": 100, "cursor": None, "message_id": ULID_A, "before": 1, "after": 1,
+            "relation_depth": 1, "relation_types": L.RELATION_TYPES}
 
     @pytest.mark.parametrize("param,lo,hi", [("before", 0, 10), ("after", 0, 10), ("relation_depth", 0, 2)])
     def test_context_ranges(self, param, lo, hi):

@@ -524,6 +524,9 @@ def test_search_filters_and_no_state_change(store):
         b["message_id"], c["message_id"]}
     assert found(filters_json='{"tags":["project","ops"]}') == {b["message_id"]}
     assert found(filters_json='{"tags":["project"]}') == {a["message_id"], b["message_id"]}
+    # an empty list restricts nothing, for kinds and tiers as for tags
+    everything = {a["message_id"], b["message_id"], c["message_id"]}
+    assert found(filters_json='{"kinds":[],"tiers":[],"tags":[]}') == everything
     assert len(search(store, query="database", limit=1)["results"]) == 1
     r = search(store, query="database", context_size=1, session_id="s1")["results"]
     for item in r:
