@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -139,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level)
     import anyio
 
+    if args.http:
+        # uvicorn shuts down gracefully on SIGTERM, then restores the previous handler and raises the
+        # signal again; with this (no-op) handler in place the process then ends normally, exit 0,
+        # as supervisord expects of a clean stop.
+        signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         anyio.run(_run, args, backend="asyncio")
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any, Iterator
@@ -128,3 +129,13 @@ def test_nothing_on_stdout_in_http_mode(daemon: Daemon, data_dir: Path, home: Pa
     proc.kill()
     out, _ = proc.communicate(timeout=10)
     assert out == b""
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_is_a_clean_stop(procs: Procs, data_dir: Path, home: Path) -> None:
+    """supervisord stops the HTTP front-end with SIGTERM and expects exit 0, not death by signal."""
+    port = free_port()
+    proc = procs.start(frontend_cmd(data_dir, "--http", "--no-spawn", "--port", str(port)), frontend_env(home))
+    wait_port("127.0.0.1", port, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
