@@ -93,7 +93,8 @@ def summarise(r: dict[str, Any]) -> list[list[Any]]:
                 round(s["rss_bytes"] / 2**20, 1), "", "MiB")
         if "rebuild" in e:
             rb = e["rebuild"]
-            row(f"rebuild_index at {rb['messages']:,}", rb["rebuild_s"], "", "s")
+            row(f"rebuild_index at {rb['messages']:,} (SQLite: VACUUM + FTS5 rebuild)", rb["rebuild_s"],
+                rb.get("sqlite_vacuum_and_fts_rebuild_s", ""), "s")
             row("  longest request-loop pause during it", rb["longest_pause_ms"], "", "ms")
     x = r.get("e2e", {})
     if "mcp_stdio_write" in x:
