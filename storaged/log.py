@@ -160,17 +160,19 @@ class LogWriter:
         io.sync_dir(os.path.dirname(path) or ".")
         return cls(io, path, salt, HEADER_SIZE)
 
-    def append(self, data: bytes) -> int:
+    def append(self, data: bytes, sync: bool = True) -> int:
         """Write and fdatasync; on failure cut the file back so no partial record stays behind.
 
         Returns the offset the record was written at. Raises OSError if the write or the sync
         failed (the record is then not in the log); raises LogWriterBroken if even the cut-back
-        failed, after which nothing more may be appended.
+        failed, after which nothing more may be appended. ``sync=False`` (group commit) leaves the
+        fdatasync to a later ``sync()`` that covers every record appended since.
         """
         offset = self.size
         try:
             self.io.write(self.fd, data)
-            self.io.sync(self.fd)
+            if sync:
+                self.io.sync(self.fd)
         except OSError:
             try:
                 self.io.truncate(self.fd, offset)
@@ -180,6 +182,9 @@ class LogWriter:
             raise
         self.size = offset + len(data)
         return offset
+
+    def sync(self) -> None:
+        self.io.sync(self.fd)
 
     def close(self) -> None:
         if self.fd is not None:

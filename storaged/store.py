@@ -75,6 +75,10 @@ class Store:
         self.scan_result = logfile.ScanResult()
         self.salvaging = False
         self.snapshot_records = 0         # record_count when the snapshot on disk was taken
+        # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
+        # the server syncs once before it sends any reply of the batch.
+        self.group_commit = False
+        self.unsynced = False
 
     # ------------------------------------------------------------------ opening and recovery
     @classmethod
@@ -330,7 +334,9 @@ class Store:
         framed = [logfile.encode_record(self.salt, r) for r in records]
         data = framed[0] if len(framed) == 1 else b"".join(framed)
         try:
-            self.writer.append(data)
+            self.writer.append(data, sync=not self.group_commit)
+            if self.group_commit:
+                self.unsynced = True
         except logfile.LogWriterBroken as exc:
             self.broken = str(exc)
             self.last_error = f"log append failed and could not be undone: {exc.strerror or exc}"
