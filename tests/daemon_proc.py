@@ -302,33 +302,26 @@ class Client:
     def health(self, **kw: Any) -> dict[str, Any]:
         return self.call("get_system_health", {}, **kw)
 
-    def sessions(self) -> list[dict[str, Any]]:
+    def _pages(self, view: str, **args: Any) -> list[dict[str, Any]]:
+        """Every item of a paged read_messages view, following nextCursor to the end."""
         out: list[dict[str, Any]] = []
         cursor = None
         while True:
-            args: dict[str, Any] = {"view": "sessions", "limit": 1000}
+            req: dict[str, Any] = {"view": view, "limit": 1000, **args}
             if cursor:
-                args["cursor"] = cursor
-            rep = self.call("read_messages", args)
-            assert "sessions" in rep, rep
-            out.extend(rep["sessions"])
+                req["cursor"] = cursor
+            rep = self.call("read_messages", req)
+            assert view in rep, rep
+            out.extend(rep[view])
             cursor = rep.get("nextCursor")
             if not cursor:
                 return out
 
+    def sessions(self) -> list[dict[str, Any]]:
+        return self._pages("sessions")
+
     def history(self, session_id: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        cursor = None
-        while True:
-            args: dict[str, Any] = {"view": "history", "session_id": session_id, "limit": 1000}
-            if cursor:
-                args["cursor"] = cursor
-            rep = self.call("read_messages", args)
-            assert "history" in rep, rep
-            out.extend(rep["history"])
-            cursor = rep.get("nextCursor")
-            if not cursor:
-                return out
+        return self._pages("history", session_id=session_id)
 
     def all_messages(self) -> list[dict[str, Any]]:
         """Every live message, session by session, via sessions and history paging."""
