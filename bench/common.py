@@ -110,6 +110,7 @@ class SqliteBaseline:
 def start_daemon(data_dir: str, endpoint: str | None = None, timeout: float = 600.0,
                  log_path: str | None = None) -> tuple[subprocess.Popen, float]:
     """Start ``python -m storaged`` and wait until it answers ping. Returns (process, seconds to ready)."""
+    import msgpack
     import zmq
 
     from protocol.config import default_endpoint
@@ -130,9 +131,12 @@ def start_daemon(data_dir: str, endpoint: str | None = None, timeout: float = 60
         s.connect(ep)
         s.send(encode_request("ping", {}, str(ULID())))
         if s.poll(200):
-            s.recv()
+            reply = msgpack.unpackb(s.recv(), raw=False)
             s.close()
-            return proc, time.monotonic() - t0
+            if not reply.get("loading"):  # it answers while it loads; ready means loaded
+                return proc, time.monotonic() - t0
+            time.sleep(0.02)
+            continue
         s.close()
     stop(proc)
     raise RuntimeError("daemon did not become ready")

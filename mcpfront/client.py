@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any
 
 import msgpack
@@ -20,7 +21,7 @@ import zmq.asyncio
 
 from protocol import errors as E
 from protocol import limits as L
-from protocol.wire import encode_request
+from protocol.wire import LOADING_KEY, encode_request
 
 log = logging.getLogger(__name__)
 
@@ -128,18 +129,32 @@ class DaemonClient:
             return frame
         timeout = self.timeout if timeout is None else timeout
         level = logging.DEBUG if op == "ping" else logging.WARNING  # probes are expected to fail at times
-        for attempt in range(self.attempts if attempts is None else max(1, attempts)):
+        attempts = self.attempts if attempts is None else max(1, attempts)
+        # A daemon that is still opening its store answers "loading" at once: wait that out within
+        # the time the attempts would have had, then pass the (retryable) answer on.
+        load_deadline = time.monotonic() + timeout * attempts
+        attempt = 0
+        while attempt < attempts:
             try:
                 raw = await self._attempt(frame, timeout)
             except asyncio.TimeoutError:
                 log.log(level, "daemon did not answer %s (request %s) within %.1fs (attempt %d)",
                         op, rid, timeout, attempt + 1)
+                attempt += 1
                 continue
             except zmq.ZMQError as exc:
                 log.log(level, "daemon request %s (request %s) failed: %s (attempt %d)", op, rid, exc, attempt + 1)
                 await asyncio.sleep(min(timeout, 0.1))
+                attempt += 1
                 continue
-            return self._decode(raw, op)
+            reply = self._decode(raw, op)
+            if op != "ping" and reply.pop(LOADING_KEY, False) is True:
+                err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+                pause = min(1.0, max(0.01, err.get("retry_after_ms", 100) / 1000))
+                if time.monotonic() + pause < load_deadline:
+                    await asyncio.sleep(pause)
+                    continue
+            return reply
         return unavailable()
 
     async def _attempt(self, frame: bytes, timeout: float) -> bytes:
@@ -179,13 +194,20 @@ class DaemonClient:
             return E.error_reply(E.INTERNAL_ERROR, "the storage daemon sent an unreadable reply")
         return reply
 
-    async def ping(self, timeout: float = PING_TIMEOUT_S) -> bool:
-        """One quick liveness probe: True iff the daemon answered OK."""
+    async def probe(self, timeout: float = PING_TIMEOUT_S) -> str:
+        """One quick liveness probe: "ready", "loading" (a daemon answers but is still opening its
+        store) or "down"."""
         path = ipc_path(self.endpoint)
         if path is not None and not os.path.exists(path):
-            return False
+            return "down"
         reply = await self.request("ping", {}, timeout=timeout, attempts=1)
-        return reply.get("status") == "OK"
+        if reply.get("status") != "OK":
+            return "down"
+        return "loading" if reply.get("loading") else "ready"
+
+    async def ping(self, timeout: float = PING_TIMEOUT_S) -> bool:
+        """True iff a daemon answered and is ready to serve."""
+        return await self.probe(timeout) == "ready"
 
 
 def read_curve_server_key(path: str | None) -> bytes | None:

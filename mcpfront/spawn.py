@@ -61,14 +61,15 @@ class Spawner:
 
     async def _ensure(self) -> bool:
         self._reap()
-        if await self.client.ping():
+        state = await self.client.probe()
+        if state == "ready":
             return True
-        proc = self._spawn()
+        proc = self._spawn() if state == "down" else None  # a loading daemon is ours to wait for
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if await self.client.ping():
                 return True
-            code = proc.poll()
+            code = proc.poll() if proc is not None else None
             if code is not None and code != EXIT_LOCKED:
                 log.error("the storage daemon exited with status %s; see %s", code,
                           os.path.join(self.data_dir, LOG_NAME))

@@ -384,19 +384,49 @@ def check_time(value: Any, field: str) -> int:
 
 
 def validate_import_messages(raw: Any) -> dict[str, Any]:
+    """A batch of messages as export writes them, and from transcript ingesters also the sessions'
+    metadata and the read positions (checkpoints) the batch reaches: one durable append for all of
+    it, so an ingester's checkpoint can never run ahead of (or behind) the events it covers."""
+    from . import history as H  # local: history builds on this module
+
     a = _Args(raw, "import_messages")
 
     def messages(v: Any) -> list[dict[str, Any]]:
-        if not isinstance(v, list) or not v:
-            raise invalid("messages must be a non-empty array of message objects")
+        if not isinstance(v, list):
+            raise invalid("messages must be an array of message objects")
         if len(v) > L.IMPORT_BATCH_MAX:
             raise invalid(f"messages must have at most {L.IMPORT_BATCH_MAX} items")
         return [_imported_message(m, i) for i, m in enumerate(v)]
-    return a.done({"messages": a.get("messages", messages)})
+
+    def sessions(v: Any) -> list[tuple[str, dict[str, Any]]]:
+        if not isinstance(v, list) or len(v) > H.SESSIONS_PER_BATCH_MAX:
+            raise invalid(f"sessions must be an array of at most {H.SESSIONS_PER_BATCH_MAX} session objects")
+        return [_history_check(H.check_session_meta, s, f"sessions[{i}]") for i, s in enumerate(v)]
+
+    def checkpoints(v: Any) -> list[tuple[str, str, Any]]:
+        if not isinstance(v, list) or len(v) > H.CHECKPOINTS_PER_BATCH_MAX:
+            raise invalid(f"checkpoints must be an array of at most {H.CHECKPOINTS_PER_BATCH_MAX} objects")
+        return [_history_check(H.check_checkpoint, c, f"checkpoints[{i}]") for i, c in enumerate(v)]
+
+    out = {"messages": a.get("messages", messages, []), "sessions": a.get("sessions", sessions, []),
+           "checkpoints": a.get("checkpoints", checkpoints, [])}
+    if not (out["messages"] or out["sessions"] or out["checkpoints"]):
+        raise invalid("messages must be a non-empty array of message objects")
+    return a.done(out)
+
+
+def _history_check(check: Callable[[Any, str], Any], obj: Any, where: str) -> Any:
+    """A history-family check inside a first-family op: its failure as a VALIDATION_ERROR."""
+    from .history import HistoryError
+
+    try:
+        return check(obj, where)
+    except HistoryError as exc:
+        raise invalid(exc.message) from None
 
 
 _IMPORT_FIELDS = frozenset({"message_id", "session_id", "timestamp", "role", "content", "revision", "updated_at",
-                            "metadata"})
+                            "metadata", "event"})
 
 
 def _imported_message(m: Any, i: int) -> dict[str, Any]:
@@ -424,6 +454,12 @@ def _imported_message(m: Any, i: int) -> dict[str, Any]:
     if not isinstance(md, dict):
         raise invalid(f"{where}.metadata must be an object")
     out["metadata"] = check_metadata(md, False, f"{where}.metadata")
+    if m.get("event") is not None:
+        from .history import check_event
+
+        out["event"] = _history_check(check_event, m["event"], f"{where}.event")
+    else:
+        out["event"] = None
     return out
 
 

@@ -10,30 +10,44 @@ from typing import Any
 
 import msgpack
 
+from . import history as H
 from . import limits as L
 from .errors import invalid
 from .validation import VALIDATORS, canonical_ulid
 
+# The first interface (memory): seven tools, the contract's codes and shapes.
 TOOLS = (
     "write_message", "update_message", "read_messages", "search_messages", "delete_message",
     "rebuild_index", "get_system_health",
 )
+# The second interface (agent history): five read-only tools, their own envelope and codes.
+HISTORY_TOOLS = H.HISTORY_TOOLS
 # Daemon-only ops: a liveness probe and the poll that tells a rebuild's requester how it ended.
-# import_messages is the admin tool's batch write (export/import, agent transcripts).
-OPS = frozenset(TOOLS) | {"ping", "rebuild_status", "import_messages"}
+# import_messages is the admin tool's batch write (export/import, agent transcripts); the ingest ops
+# are how transcript ingesters report progress and read back where they stopped.
+OPS = frozenset(TOOLS) | frozenset(HISTORY_TOOLS) | {"ping", "rebuild_status", "import_messages",
+                                                     "ingest_heartbeat", "ingest_checkpoints"}
 MUTATING_OPS = frozenset({"write_message", "update_message", "delete_message", "rebuild_index", "import_messages"})
-READ_ONLY_TOOLS = frozenset({"read_messages", "search_messages", "get_system_health"})
+READ_ONLY_TOOLS = frozenset({"read_messages", "search_messages", "get_system_health", *HISTORY_TOOLS})
+_ALL_VALIDATORS = {**VALIDATORS, **H.HISTORY_VALIDATORS, "ingest_heartbeat": H.validate_ingest_heartbeat,
+                   "ingest_checkpoints": H.validate_ingest_checkpoints}
 
 # Non-final answer to rebuild_index: poll rebuild_status with the same id until it changes.
 REBUILDING = "REBUILDING"
+# Set (true) on a reply that only says "the daemon is still opening its store": nothing was done,
+# the same request may be sent again after the reply's retry_after_ms.
+LOADING_KEY = "loading"
 
 
 def encode(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def encode_request(op: str, args: dict[str, Any], request_id: str) -> bytes:
-    return encode({"op": op, "args": args, "request_id": request_id})
+def encode_request(op: str, args: dict[str, Any], request_id: str, context: dict[str, Any] | None = None) -> bytes:
+    req = {"op": op, "args": args, "request_id": request_id}
+    if context is not None:
+        req["context"] = context
+    return encode(req)
 
 
 def _depth_ok(obj: Any, limit: int) -> bool:
@@ -65,14 +79,14 @@ def decode(frame: bytes, max_bytes: int = L.MAX_REQUEST_BYTES) -> Any:
     return obj
 
 
-def decode_request(frame: bytes) -> tuple[str, dict[str, Any], str]:
-    """Return (op, validated args, request_id). Raises ProtocolError(VALIDATION_ERROR)."""
+def decode_envelope(frame: bytes) -> tuple[str, Any, str, Any]:
+    """(op, raw args, request_id, raw context) of a well-formed envelope; raises ProtocolError."""
     obj = decode(frame)
     if not isinstance(obj, dict):
         raise invalid("request must be a map with op, args and request_id")
-    extra = set(obj) - {"op", "args", "request_id"}
+    extra = set(obj) - {"op", "args", "request_id", "context"}
     if extra:
-        raise invalid("request has unknown envelope fields; allowed: op, args, request_id")
+        raise invalid("request has unknown envelope fields; allowed: op, args, request_id, context")
     op = obj.get("op")
     if not isinstance(op, str) or op not in OPS:
         raise invalid(f"op must be one of: {', '.join(sorted(OPS))}")
@@ -80,8 +94,23 @@ def decode_request(frame: bytes) -> tuple[str, dict[str, Any], str]:
     if rid is None:
         raise invalid("request_id is required (a ULID)")
     rid = canonical_ulid(rid, "request_id")
-    args = VALIDATORS[op](obj.get("args"))
-    return op, args, rid
+    if obj.get("context") is not None and op not in H.LAUNCH_CONTEXT_TOOLS:
+        raise invalid(f"{op} takes no request context")
+    return op, obj.get("args"), rid, obj.get("context")
+
+
+def validate_args(op: str, args: Any, context: Any = None) -> dict[str, Any]:
+    """An op's validated arguments (history tools: ``HistoryError``; the rest: ``ProtocolError``)."""
+    out = _ALL_VALIDATORS[op](args)
+    if op in H.LAUNCH_CONTEXT_TOOLS:
+        out["launch"] = H.validate_launch(context)
+    return out
+
+
+def decode_request(frame: bytes) -> tuple[str, dict[str, Any], str]:
+    """Return (op, validated args, request_id). Raises ProtocolError (or HistoryError for history tools)."""
+    op, args, rid, context = decode_envelope(frame)
+    return op, validate_args(op, args, context), rid
 
 
 def peek_request_id(frame: bytes) -> str | None:

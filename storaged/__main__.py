@@ -115,18 +115,7 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
     if error:
         return fail(error, 2)
     datadir.prepare_run_dir(data_dir)
-    t0 = time.monotonic()
-    store = Store.open(data_dir)
-    # Everything loaded lives as long as the process: move it out of the cyclic GC's sight, so a full
-    # collection never walks a million messages while a request waits (the Instagram gc.freeze trick).
-    gc.freeze()
-    h = store.health()
-    LOG.info("opened %s in %.2f s: %d messages in %d sessions, log %d bytes, replayed %d records after the "
-             "snapshot, snapshot_valid=%s, recovered_tail=%s%s", data_dir, time.monotonic() - t0,
-             h["active_messages"], h["session_count"], h["log_size"], store.scan_result.records,
-             h["snapshot_valid"], h["recovered_tail"],
-             f", DEGRADED: {h['last_error']}" if h["last_error"] else "")
-    server = Server(store, endpoint, curve_key)
+    server = Server(None, endpoint, curve_key)
     if args.snapshot_every is not None:
         server.snapshot_every_records = max(0, args.snapshot_every)
     try:
@@ -136,24 +125,44 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
                 os.unlink(path)  # a stale socket of a dead daemon; we hold the lock, so it is not live
         server.bind()
     except zmq.ZMQError as exc:
-        store.close()
+        server.close()
         return fail(f"cannot bind {endpoint}: {exc}", 2)
     install_signal_handlers(server)
     datadir.write_pid(data_dir)
-    LOG.info("ready on %s", endpoint)
+    t0 = time.monotonic()
+
+    def loaded(store: Store) -> None:
+        # Everything loaded lives as long as the process: move it out of the cyclic GC's sight, so a full
+        # collection never walks a million messages while a request waits (the Instagram gc.freeze trick).
+        gc.freeze()
+        h = store.health()
+        LOG.info("opened %s in %.2f s: %d messages in %d sessions, log %d bytes, replayed %d records after the "
+                 "snapshot, snapshot_valid=%s, recovered_tail=%s%s", data_dir, time.monotonic() - t0,
+                 h["active_messages"], h["session_count"], h["log_size"], store.scan_result.records,
+                 h["snapshot_valid"], h["recovered_tail"],
+                 f", DEGRADED: {h['last_error']}" if h["last_error"] else "")
+        LOG.info("ready on %s", endpoint)
+
+    server.on_loaded = loaded
+    LOG.info("listening on %s; opening the store (requests are answered 'loading' until it is open)", endpoint)
+    server.load_in_background(lambda: Store.open(data_dir))
     try:
         server.serve()
     finally:
         server.close()
-        t1 = time.monotonic()
-        try:
-            if store.write_snapshot():
-                LOG.info("snapshot written in %.2f s", time.monotonic() - t1)
-        except OSError as exc:
-            LOG.error("could not write the snapshot at shutdown (%s); the log is intact", exc.strerror)
-        store.close()
+        store = server.store
+        if store is not None:
+            t1 = time.monotonic()
+            try:
+                if store.write_snapshot():
+                    LOG.info("snapshot written in %.2f s", time.monotonic() - t1)
+            except OSError as exc:
+                LOG.error("could not write the snapshot at shutdown (%s); the log is intact", exc.strerror)
+            store.close()
         datadir.remove_pid(data_dir)
         LOG.info("stopped")
+    if server.load_error is not None:
+        return fail(f"cannot open the data directory {data_dir}: {server.load_error}", 1)
     return 0
 
 

@@ -30,6 +30,8 @@ class Prepared:
     checkpoint_bytes: int
     live_bytes: int
     rec_sizes: list[int]
+    meta_sizes: dict[str, int]          # session id -> bytes of its one merged "s" record
+    checkpoint_sizes: dict[tuple[str, str], int]
     search: SearchIndex
     messages_indexed: int
     records_removed: int
@@ -48,15 +50,20 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     checkpoint = logfile.encode_record(salt, ["c", store.last_seq, store.clock.last_id, store.clock.last_ms,
                                               [[rid, op, mid, rev] for rid, (op, mid, rev) in store.rids.items()]])
     rec_sizes: list[int] = []
+    # session metadata of the sessions that still have messages, one merged record each; every
+    # ingest checkpoint (they describe files, not messages, and must survive the rebuild)
+    metas = {sid: dict(fields) for sid, fields in store.session_meta.items() if sid in store.sessions}
+    meta_sizes: dict[str, int] = {}
+    checkpoint_sizes: dict[tuple[str, str], int] = {}
     fd = io.open_new(tmp_log)
     try:
         io.write(fd, logfile.make_header(salt) + checkpoint)
         size = logfile.HEADER_SIZE + len(checkpoint)
         batch: list[bytes] = []
         batch_len = 0
-        for m in msgs:
-            rec = logfile.encode_record(salt, ["w", None, m.fields()])
-            rec_sizes.append(len(rec))
+
+        def emit(rec: bytes) -> None:
+            nonlocal batch, batch_len, size
             batch.append(rec)
             batch_len += len(rec)
             if batch_len >= WRITE_BATCH:
@@ -64,6 +71,19 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
                 size += batch_len
                 batch, batch_len = [], 0
                 pause()
+
+        for sid, fields in metas.items():
+            rec = logfile.encode_record(salt, ["s", None, sid, fields])
+            meta_sizes[sid] = len(rec)
+            emit(rec)
+        for m in msgs:
+            rec = logfile.encode_record(salt, ["w", None, m.fields()])
+            rec_sizes.append(len(rec))
+            emit(rec)
+        for (src, key), value in list(store.ingest.checkpoints.items()):
+            rec = logfile.encode_record(salt, ["k", None, src, key, value])
+            checkpoint_sizes[(src, key)] = len(rec)
+            emit(rec)
         if batch:
             io.write(fd, b"".join(batch))
             size += batch_len
@@ -80,10 +100,13 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta["deleted_messages"] = 0
     meta["record_count"] = len(msgs)
     meta["checkpoint_bytes"] = len(checkpoint)
+    meta["session_meta"] = [[sid, fields, meta_sizes[sid]] for sid, fields in metas.items()]
+    meta["checkpoints"] = [[src, key, store.ingest.checkpoints[(src, key)], n]
+                           for (src, key), n in checkpoint_sizes.items()]
     snap_fields = ([*m.fields(), rs] for m, rs in zip(msgs, rec_sizes))
     snapshot.write_file(io, store.snapshot_path + snapshot.TMP_SUFFIX, meta, snap_fields, index.dump())
-    return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, index, len(msgs),
-                    max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0)
+    return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, meta_sizes, checkpoint_sizes,
+                    index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0)
 
 
 def install(store: Store, p: Prepared) -> dict[str, Any]:
@@ -109,6 +132,11 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
         m.rec_size = size
     store.live_bytes = p.live_bytes
     store.checkpoint_bytes = p.checkpoint_bytes
+    store.session_meta = {sid: store.session_meta[sid] for sid in p.meta_sizes}
+    store.meta_rec_sizes = dict(p.meta_sizes)
+    store.meta_bytes = sum(p.meta_sizes.values())
+    store.ingest.rec_sizes = dict(p.checkpoint_sizes)
+    store.ingest.live_bytes = sum(p.checkpoint_sizes.values())
     store.record_count = p.record_count
     store.update_records = 0
     store.deleted_messages = 0

@@ -9,6 +9,7 @@ import bisect
 import sys
 
 from protocol import limits as L
+from protocol.history import ASSISTANT_RESPONSE, TOOL_CALL, USER_INPUT, WEB_SEARCH_TOOLS
 
 from .model import Message
 
@@ -16,29 +17,82 @@ KIND_INDEX = {kind: i for i, kind in enumerate(L.MEMORY_KINDS)}
 
 
 class Session:
-    __slots__ = ("sid", "seqs", "kind_counts", "summary_seqs")
+    """A session's live messages in creation order, and what the history interface needs of it
+    without walking them: its turns (a ``user_input`` event starts one, so the turn starts are those
+    events' sequence numbers), its first and last event time, and how many tool calls it made.
+    ``epoch`` changes whenever the order or membership changes other than by an append at the end,
+    so that a page cursor pinned to the session can tell it went stale."""
+
+    __slots__ = ("sid", "seqs", "kind_counts", "summary_seqs", "turn_seqs", "min_ts", "max_ts", "tool_calls",
+                 "web_calls", "epoch")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid                     # the one copy of the id that this session's messages share
         self.seqs: list[int] = []          # live messages, creation order
         self.kind_counts = [0] * len(L.MEMORY_KINDS)
         self.summary_seqs: list[int] = []  # those of them with a summary, for representative_summary
+        self.turn_seqs: list[int] = []     # those of them that are user_input events: where turns start
+        self.min_ts = 0
+        self.max_ts = 0
+        self.tool_calls = 0
+        self.web_calls = 0
+        self.epoch = 0
 
     def add(self, msg: Message) -> None:
+        if self.seqs and msg.seq < self.seqs[-1]:
+            self.epoch += 1
+        if not self.seqs:
+            self.min_ts = self.max_ts = msg.timestamp
+        else:
+            self.min_ts = min(self.min_ts, msg.timestamp)
+            self.max_ts = max(self.max_ts, msg.timestamp)
         _insort(self.seqs, msg.seq)
         self.kind_counts[KIND_INDEX[msg.kind]] += 1
         if msg.summary is not None:
             _insort(self.summary_seqs, msg.seq)
+        self._count(msg, 1)
 
-    def remove(self, msg: Message) -> None:
+    def _count(self, msg: Message, step: int) -> None:
+        etype = msg.etype
+        if etype is USER_INPUT or etype == USER_INPUT:
+            if step > 0:
+                _insort(self.turn_seqs, msg.seq)
+            else:
+                _remove_sorted(self.turn_seqs, msg.seq)
+        elif etype == TOOL_CALL:
+            self.tool_calls += step
+            if msg.tool in WEB_SEARCH_TOOLS:
+                self.web_calls += step
+
+    def remove(self, msg: Message, by_seq: dict[int, Message]) -> None:
+        self.epoch += 1
         _remove_sorted(self.seqs, msg.seq)
         self.kind_counts[KIND_INDEX[msg.kind]] -= 1
         if msg.summary is not None:
             _remove_sorted(self.summary_seqs, msg.seq)
+        self._count(msg, -1)
+        if self.seqs and msg.timestamp in (self.min_ts, self.max_ts):
+            stamps = [by_seq[s].timestamp for s in self.seqs]
+            self.min_ts, self.max_ts = min(stamps), max(stamps)
+
+    def load(self, msg: Message) -> None:
+        """``add`` for a snapshot's messages, which arrive in creation order."""
+        if not self.seqs:
+            self.min_ts = self.max_ts = msg.timestamp
+        elif msg.timestamp < self.min_ts:
+            self.min_ts = msg.timestamp
+        elif msg.timestamp > self.max_ts:
+            self.max_ts = msg.timestamp
+        self.seqs.append(msg.seq)
+        self.kind_counts[KIND_INDEX[msg.kind]] += 1
+        if msg.summary is not None:
+            self.summary_seqs.append(msg.seq)
+        if msg.etype is not ASSISTANT_RESPONSE:  # the common case costs one identity test
+            self._count(msg, 1)
 
     def size_bytes(self) -> int:
         return (sys.getsizeof(self) + sys.getsizeof(self.seqs) + sys.getsizeof(self.kind_counts)
-                + sys.getsizeof(self.summary_seqs))
+                + sys.getsizeof(self.summary_seqs) + sys.getsizeof(self.turn_seqs))
 
 
 def _insort(seqs: list[int], seq: int) -> None:
@@ -84,3 +138,33 @@ class RelationIndex:
         for key, edges in self.incoming.items():
             n += sys.getsizeof(key) + sys.getsizeof(edges) + len(edges) * 64  # a 2-tuple is 56 bytes + ref
         return n
+
+
+class TouchIndex:
+    """Events that touched files (tool calls that read or changed them), by the file's base name:
+    file_attention looks a path tail up here and checks the few candidates it finds."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, list[int]] = {}
+
+    @staticmethod
+    def _names(msg: Message) -> set[str]:
+        return {f[0].rsplit("/", 1)[-1] for f in msg.ext[3]} if msg.ext is not None and msg.ext[3] else set()
+
+    def add(self, msg: Message) -> None:
+        for name in self._names(msg):
+            _insort(self.by_name.setdefault(name, []), msg.seq)
+
+    def remove(self, msg: Message) -> None:
+        for name in self._names(msg):
+            seqs = self.by_name.get(name)
+            if seqs is not None:
+                _remove_sorted(seqs, msg.seq)
+                if not seqs:
+                    del self.by_name[name]
+
+    def candidates(self, name: str) -> list[int]:
+        return self.by_name.get(name, [])
+
+    def size_bytes(self) -> int:
+        return sys.getsizeof(self.by_name) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in self.by_name.items())

@@ -9,18 +9,27 @@ import sys
 from sys import intern
 from typing import Any
 
+from protocol.history import FILE_FIELDS, ROLE_EVENT_TYPE
+
 
 class Message:
+    """One stored message, which is also one event of the history interface: ``etype`` says which
+    (from the role for a message written with write_message), ``tool`` names the tool of a call or
+    result, and ``ext`` holds the rarer facts an agent transcript carried, as a tuple
+    ``(is_error, exit_code, model, files)`` — None for plain messages, so memory costs nothing extra.
+    ``files`` is a tuple of ``(path, root, tail, project, op)``: what a tool call read or changed."""
+
     __slots__ = (
         "message_id", "session_id", "seq", "timestamp", "role", "content", "revision", "updated_at",
         "tool_call_id", "tags", "tier", "kind", "importance", "summary", "relations", "source_ids",
-        "rec_size",
+        "etype", "tool", "ext", "rec_size",
     )
 
     def __init__(self, message_id: str, session_id: str, seq: int, timestamp: int, role: str, content: str,
                  revision: int, updated_at: int, tool_call_id: str | None, tags: tuple, tier: str, kind: str,
                  importance: int, summary: str | None, relations: tuple, source_ids: tuple,
-                 rec_size: int = 0) -> None:
+                 rec_size: int = 0, etype: str | None = None, tool: str | None = None,
+                 ext: tuple | None = None) -> None:
         self.message_id = message_id
         self.session_id = session_id
         self.seq = seq
@@ -37,22 +46,40 @@ class Message:
         self.summary = summary
         self.relations = relations
         self.source_ids = source_ids
+        self.etype = etype or ROLE_EVENT_TYPE[role]
+        self.tool = tool
+        self.ext = ext
         self.rec_size = rec_size  # bytes of the log record holding this message's current state
 
-    # -- the record form: a flat list, the order fixed by FIELDS --
+    # -- the record form: a flat list of RECORD_FIELDS values (a log record's fields, a snapshot row) --
     def fields(self) -> list[Any]:
         return [
             self.message_id, self.session_id, self.seq, self.timestamp, self.role, self.content,
             self.revision, self.updated_at, self.tool_call_id, list(self.tags), self.tier, self.kind,
             self.importance, self.summary, [list(r) for r in self.relations], list(self.source_ids),
+            self.etype, self.tool, _ext_fields(self.ext),
         ]
 
     @classmethod
     def from_fields(cls, f: list[Any], rec_size: int = 0) -> "Message":
+        """From a record's field list. Records written before events existed have the first 16 fields
+        only: their event type follows from the role, as for a message written with write_message."""
         # enum-like strings are interned: a million messages share one "user", not a million copies
+        if len(f) >= RECORD_FIELDS:
+            etype, tool, ext = intern(f[16]), (intern(f[17]) if f[17] is not None else None), _ext_from(f[18])
+        else:
+            etype, tool, ext = None, None, None
         return cls(f[0], f[1], f[2], f[3], intern(f[4]), f[5], f[6], f[7], f[8], tuple(f[9]) if f[9] else (),
                    intern(f[10]), intern(f[11]), f[12], f[13], tuple((r[0], r[1]) for r in f[14]) if f[14] else (),
-                   tuple(f[15]) if f[15] else (), rec_size)
+                   tuple(f[15]) if f[15] else (), rec_size, etype, tool, ext)
+
+    def event_fields(self) -> dict[str, Any] | None:
+        """The ``event`` object of an exported message (None when the role says it all)."""
+        if self.tool is None and self.ext is None and self.etype == ROLE_EVENT_TYPE[self.role]:
+            return None
+        is_error, exit_code, model, files = self.ext or (None, None, None, ())
+        return {"type": self.etype, "tool_name": self.tool, "is_error": is_error, "exit_code": exit_code,
+                "model": model, "files": [dict(zip(FILE_FIELDS, f)) for f in files]}
 
     def metadata(self) -> dict[str, Any]:
         md: dict[str, Any] = {}
@@ -93,6 +120,9 @@ class Message:
 
     def metadata_bytes(self) -> int:
         n = sys.getsizeof(self.tags) + sum(str_bytes(t) for t in self.tags)
+        if self.ext is not None:
+            n += sys.getsizeof(self.ext) + sys.getsizeof(self.ext[3])
+            n += sum(sys.getsizeof(f) + sum(str_bytes(x) for x in f if x is not None) for f in self.ext[3])
         n += sys.getsizeof(self.relations) + sum(sys.getsizeof(r) + sys.getsizeof(r[1]) for r in self.relations)
         n += sys.getsizeof(self.source_ids) + sum(sys.getsizeof(s) for s in self.source_ids)
         if self.summary is not None:
@@ -126,7 +156,35 @@ def str_bytes(s: str) -> int:
 
 
 def message_from_args(message_id: str, session_id: str, seq: int, ts: int, role: str, content: str,
-                      md: dict[str, Any]) -> Message:
+                      md: dict[str, Any], event: dict[str, Any] | None = None) -> Message:
+    """A new message from validated arguments; ``event`` (imported transcripts) adds its event facts."""
+    etype = tool = ext = None
+    if event is not None:
+        etype, tool = intern(event["type"]), event["tool_name"]
+        if tool is not None:
+            tool = intern(tool)
+        if event["is_error"] is not None or event["exit_code"] is not None or event["model"] is not None \
+                or event["files"]:
+            model = intern(event["model"]) if event["model"] is not None else None
+            ext = (event["is_error"], event["exit_code"], model, tuple(event["files"]))
     return Message(message_id, session_id, seq, ts, role, content, 1, ts, md["tool_call_id"], tuple(md["tags"]),
                    md["memory_tier"], md["memory_kind"], md["importance"], md["summary"],
-                   tuple(md["relations"]), tuple(md["source_message_ids"]))
+                   tuple(md["relations"]), tuple(md["source_message_ids"]), 0, etype, tool, ext)
+
+
+RECORD_FIELDS = 19      # fields of a message in a log record (a snapshot row adds rec_size after them)
+
+
+def _ext_fields(ext: tuple | None) -> list[Any] | None:
+    if ext is None:
+        return None
+    is_error, exit_code, model, files = ext
+    return [is_error, exit_code, model, [list(f) for f in files]]
+
+
+def _ext_from(raw: list[Any] | None) -> tuple | None:
+    if raw is None:
+        return None
+    is_error, exit_code, model, files = raw
+    return (is_error, exit_code, intern(model) if model is not None else None,
+            tuple((f[0], f[1], f[2], f[3], intern(f[4])) for f in files))

@@ -9,6 +9,11 @@ All socket calls stay in this thread. A rebuild runs in a worker thread that onl
 (frozen) state and writes temporary files; it wakes the loop through an inproc PAIR socket when
 done, and the loop installs the result. Meanwhile mutations are answered BUSY at once and reads
 are served from the unchanged state.
+
+The store itself may be opened by a worker thread too (``load_in_background``): the socket is bound
+first and every request gets a clear, retryable answer while the log is replayed — BUSY for the
+memory tools, the history tools' ``read_model_refresh`` — instead of a client timing out on a
+daemon that has not started to listen yet.
 """
 from __future__ import annotations
 
@@ -24,11 +29,15 @@ from typing import Any, Callable
 import zmq
 
 from protocol import errors as E
+from protocol import history as H
 from protocol import limits as L
 from protocol import wire
 from protocol.errors import ProtocolError, error_reply
+from protocol.history import HistoryError
 
 from . import compaction, views
+from .history import HistoryViews
+from .history import handlers as history_handlers
 from .store import BACKGROUND_SUFFIX, Store
 
 LOG = logging.getLogger("convmem.storaged")
@@ -56,8 +65,8 @@ class RebuildCancelled(Exception):
 
 
 class Server:
-    def __init__(self, store: Store, endpoint: str, curve_secret_key: bytes | None = None) -> None:
-        self.store = store
+    def __init__(self, store: Store | None, endpoint: str, curve_secret_key: bytes | None = None) -> None:
+        self.store: Store | None = None
         self.endpoint = endpoint
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -78,7 +87,19 @@ class Server:
         self.rebuild_started = 0.0
         self.snapshot_child: tuple[int, int, float] | None = None  # (pid, log position, started)
         self.snapshot_every_records = SNAPSHOT_EVERY_RECORDS  # 0 turns background snapshots off
-        self.handlers: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
+        self.handlers: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {}
+        self.loader: threading.Thread | None = None
+        self.load_outcome: tuple[str, Any] | None = None
+        self.load_error: BaseException | None = None
+        self.on_loaded: Callable[[Store], None] | None = None
+        if store is not None:
+            self.install_store(store)
+
+    def install_store(self, store: Store) -> None:
+        """Start serving ``store``: every op gets its handler."""
+        history = HistoryViews(store)
+        self.history = history
+        self.handlers = {
             "ping": self._ping,
             "write_message": lambda a, rid: store.write_message(a, rid),
             "update_message": lambda a, rid: store.update_message(a, rid),
@@ -89,7 +110,41 @@ class Server:
             "rebuild_index": self._rebuild_index,
             "rebuild_status": self._rebuild_status,
             "import_messages": lambda a, rid: store.import_messages(a, rid),
+            "ingest_heartbeat": self._ingest_heartbeat,
+            "ingest_checkpoints": lambda a, rid: {"status": "OK",
+                                                  "checkpoints": store.ingest.of_source(a["source"])},
         }
+        for op, fn in history_handlers(history, lambda: store.rebuilding).items():
+            self.handlers[op] = lambda a, rid, fn=fn: fn(a)
+        self.store = store
+
+    def load_in_background(self, open_store: Callable[[], Store]) -> None:
+        """Open the store in a worker thread while the loop answers "loading" (call after bind)."""
+        def work() -> None:
+            try:
+                self.load_outcome = ("ok", open_store())
+            except BaseException as exc:  # reported by the loop, which then stops the daemon
+                self.load_outcome = ("error", exc)
+            wake = self.ctx.socket(zmq.PAIR)
+            wake.connect(self.wake_addr)
+            wake.send(b"loaded")
+            wake.close(linger=1000)
+
+        self.loader = threading.Thread(target=work, name="load", daemon=True)
+        self.loader.start()
+
+    def _finish_load(self) -> None:
+        self.loader.join()
+        self.loader = None
+        kind, value = self.load_outcome
+        if kind == "error":
+            LOG.critical("could not open the store: %s", value)
+            self.load_error = value
+            self.stopping = True
+            return
+        if self.on_loaded is not None:
+            self.on_loaded(value)
+        self.install_store(value)
 
     def bind(self) -> None:
         self.sock.bind(self.endpoint)
@@ -102,8 +157,10 @@ class Server:
         while not self.stopping:
             events = dict(poller.poll(POLL_MS))
             if self.wake_recv in events:
-                self.wake_recv.recv()
-                self._finish_rebuild()
+                if self.wake_recv.recv() == b"loaded":
+                    self._finish_load()
+                else:
+                    self._finish_rebuild()
             if self.sock in events:
                 batch = []
                 while len(batch) < GROUP_MAX:
@@ -116,7 +173,8 @@ class Server:
                         batch.append((envelope, body))
                 if batch:
                     self._serve_batch(batch)
-            self._background_snapshot()
+            if self.store is not None:
+                self._background_snapshot()
 
     def _serve_batch(self, batch: list[tuple[list[bytes], list[bytes]]]) -> None:
         """Group commit: the requests that arrived together are handled in order, their appends
@@ -129,6 +187,10 @@ class Server:
         replays what reached the disk and applies the rest exactly once. A batch of one request
         keeps the per-request path, whose failed fsync is undone and answered IO_ERROR."""
         store = self.store
+        if store is None:  # still loading: nothing can be written, every answer is "come back later"
+            for envelope, body in batch:
+                self.sock.send_multipart([*envelope, wire.encode(self.handle(body))])
+            return
         store.group_commit = len(batch) > 1
         try:
             replies = [(envelope, self.handle(body)) for envelope, body in batch]
@@ -208,27 +270,50 @@ class Server:
         self.store.io.remove(tmp)
 
     def handle(self, frames: list[bytes]) -> dict[str, Any]:
-        """Any bytes in, one reply out. Never raises."""
+        """Any bytes in, one reply out, in the family of the op asked for. Never raises."""
+        op = None
         try:
             if len(frames) != 1:
                 raise E.invalid("request must be a single frame")
-            op, args, rid = wire.decode_request(frames[0])
+            op, raw_args, rid, context = wire.decode_envelope(frames[0])
+            args = wire.validate_args(op, raw_args, context)
+            if self.store is None:
+                return self._loading_reply(op)
             return self.handlers[op](args, rid)
-        except ProtocolError as exc:
+        except HistoryError as exc:
             return exc.reply()
+        except ProtocolError as exc:
+            reply = exc.reply()
+            return H.from_memory_error(reply) if op in H.HISTORY_TOOLS else reply
         except MemoryError:
             LOG.error("out of memory while handling a request")
-            return error_reply(E.INTERNAL_ERROR, "the daemon ran out of memory for this request")
+            reply = error_reply(E.INTERNAL_ERROR, "the daemon ran out of memory for this request")
         except Exception:
             LOG.error("internal error while handling a request:\n%s", traceback.format_exc())
-            return error_reply(E.INTERNAL_ERROR, "internal error in the storage daemon (see its log)")
+            reply = error_reply(E.INTERNAL_ERROR, "internal error in the storage daemon (see its log)")
+        return H.from_memory_error(reply) if op in H.HISTORY_TOOLS else reply
+
+    def _loading_reply(self, op: str) -> dict[str, Any]:
+        if op == "ping":
+            return {"status": "OK", "pid": os.getpid(), "rebuilding": False, "loading": True}
+        if op in H.HISTORY_TOOLS:
+            reply = H.refresh_error().reply()
+        else:
+            reply = error_reply(E.BUSY, "the storage daemon is still loading its store; retry shortly",
+                                retry_after_ms=H.REFRESH_RETRY_AFTER_MS)
+        reply[wire.LOADING_KEY] = True  # for clients that wait a load out (front-ends drop the key)
+        return reply
 
     def stop(self, *_: Any) -> None:
         self.stopping = True
 
     # ---------------------------------------------------------------- small ops
     def _ping(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
-        return {"status": "OK", "pid": os.getpid(), "rebuilding": self.store.rebuilding}
+        return {"status": "OK", "pid": os.getpid(), "rebuilding": self.store.rebuilding, "loading": False}
+
+    def _ingest_heartbeat(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
+        self.store.ingest.heartbeat(args)
+        return {"status": "OK"}
 
     def _health(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
         health = self.store.health()
@@ -330,6 +415,11 @@ class Server:
             self._finish_rebuild()
 
     def close(self) -> None:
+        if self.loader is not None:  # stopped while loading: let the open finish (it may be cutting a torn tail)
+            self.loader.join()
+            if self.load_outcome and self.load_outcome[0] == "ok":
+                self.install_store(self.load_outcome[1])
+            self.loader = None
         if self.snapshot_child is not None:
             self._reap_snapshot_child(block=True, kill=True)
         self.cancel_rebuild()

@@ -20,7 +20,10 @@ from .fileio import FileIO
 
 MAGIC = b"CVMEMSNP"
 END_MAGIC = b"CVMEMEND"
-VERSION = 2
+# 3: message rows carry the event fields, meta carries session metadata and ingest checkpoints.
+# 2 (release 0.1) is still read: its rows are the first 16 fields and rec_size.
+VERSION = 3
+READABLE_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
 CHUNK = 4096
@@ -84,7 +87,7 @@ def read(io: FileIO, path: str) -> tuple[dict[str, Any], list[list[Any]], Any]:
             raise SnapshotInvalid("snapshot is too short")
         magic, version, _ = HEAD.unpack_from(buf, 0)
         length, crc, end_magic = TRAILER.unpack_from(buf, len(buf) - TRAILER.size)
-        if magic != MAGIC or end_magic != END_MAGIC or version != VERSION:
+        if magic != MAGIC or end_magic != END_MAGIC or version not in READABLE_VERSIONS:
             raise SnapshotInvalid("snapshot has a bad magic number or version")
         if HEAD.size + length + TRAILER.size != len(buf):
             raise SnapshotInvalid("snapshot length does not match its trailer")
@@ -94,6 +97,7 @@ def read(io: FileIO, path: str) -> tuple[dict[str, Any], list[list[Any]], Any]:
         unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=len(body) + 1)
         unpacker.feed(body)
         meta = unpacker.unpack()
+        meta["snapshot_version"] = version
         messages: list[list[Any]] = []
         for _ in range(meta["chunks"]):
             messages.extend(unpacker.unpack())

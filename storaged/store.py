@@ -1,8 +1,13 @@
 """The store: the in-memory state, its recovery from disk, and every mutation.
 
-State changes happen in exactly one way: a record is appended to the log and made durable, and
-then the same ``_apply_*`` function that replays the log at start applies it in memory. So what a
-reply said and what a restart finds can never differ.
+A state change is first appended to the log and made durable, then applied in memory; replay at
+start applies the same records through ``_apply_record``. The live mutations build their in-memory
+objects with the same helpers (``_insert``, ``_replace``, ``_remove``, ``_apply_session_meta``,
+``IngestState.apply``) that replay uses, so what a reply said and what a restart finds agree.
+
+Besides messages (record kinds w/u/d) the log holds the history interface's session metadata
+("s": merged into what the session had) and transcript ingesters' read positions ("k"), each
+written in the same append as the events they describe.
 """
 from __future__ import annotations
 
@@ -18,9 +23,11 @@ from protocol.errors import ProtocolError
 from . import log as logfile
 from . import snapshot
 from .fileio import FileIO
+from .handles import session_digest
 from .idgen import IdClock
-from .indexes import KIND_INDEX, RelationIndex, Session
-from .model import Message, message_from_args
+from .indexes import RelationIndex, Session, TouchIndex
+from .ingeststate import IngestState
+from .model import RECORD_FIELDS, Message, message_from_args
 from .search import SearchIndex
 
 LOG = logging.getLogger("convmem.storaged")
@@ -45,7 +52,18 @@ class Store:
         self.by_id: dict[str, Message] = {}
         self.by_seq: dict[int, Message] = {}
         self.sessions: dict[str, Session] = {}
+        # history interface: session metadata (harness, source, title, cwd, project...) by session id,
+        # and the log bytes of each one's newest "s" record; ingesters' checkpoints and heartbeats
+        self.session_meta: dict[str, dict[str, Any]] = {}
+        self.meta_rec_sizes: dict[str, int] = {}
+        self.meta_bytes = 0                # sum of meta_rec_sizes
+        self.ingest = IngestState()
+        # bumped whenever a session appears, disappears or gets a new first/last event time (the
+        # history views cache their orderings against it)
+        self.sessions_version = 0
+        self.session_keys: dict[bytes, str] = {}  # handles.session_digest(sid) -> sid, for session: ids
         self.relations = RelationIndex()
+        self.touches = TouchIndex()
         self.search = SearchIndex()
         self.clock = IdClock()
         self.rids: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
@@ -181,7 +199,13 @@ class Store:
         self.checkpoint_bytes = meta["checkpoint_bytes"]
         for rid, op, mid, rev in meta["rids"]:
             self.rids[rid] = (op, mid, rev)
-        self._bulk_load(messages)
+        rec_size_at = RECORD_FIELDS if meta["snapshot_version"] >= 3 else 16
+        for sid, fields, size in meta.get("session_meta", ()):
+            self.session_meta[sid] = fields
+            self.meta_rec_sizes[sid] = size
+            self.meta_bytes += size
+        self.ingest.load(meta.get("checkpoints", ()))
+        self._bulk_load(messages, rec_size_at)
         self.body_bytes, self.metadata_bytes, self.entry_bytes = meta["memory"]
         self.snapshot_pos = meta["log_pos"]
         self.snapshot_records = self.record_count
@@ -195,7 +219,7 @@ class Store:
     def _apply_record(self, rec: list[Any], size: int) -> None:
         """Replay one record. Records that contradict the state are skipped (only salvage meets them)."""
         kind = rec[0]
-        if kind != "c":
+        if kind in "wud":
             self.record_count += 1  # message records only: what records_removed is counted against
         if kind == "w":
             msg = Message.from_fields(rec[2], size)
@@ -235,6 +259,18 @@ class Store:
             for rid, op, mid, rev in rids:
                 self._remember(rid, op, mid, rev)
             self.checkpoint_bytes = size
+        elif kind == "s":
+            self._apply_session_meta(rec[2], rec[3], size)
+        elif kind == "k":
+            self.ingest.apply(rec[2], rec[3], rec[4], size)
+
+    def _apply_session_meta(self, sid: str, fields: dict[str, Any], size: int) -> None:
+        """Merge a session's metadata (absent fields keep their values)."""
+        meta = self.session_meta.get(sid)
+        self.session_meta[sid] = fields if meta is None else {**meta, **fields}
+        self.meta_rec_sizes[sid] = self.meta_rec_sizes.get(sid, 0) + size
+        self.meta_bytes += size
+        self.sessions_version += 1
 
     def _after_record(self, rid: str | None, op: str, mid: str, rev: int, seq: int) -> None:
         if seq > self.last_seq:
@@ -254,12 +290,18 @@ class Store:
         session = self.sessions.get(msg.session_id)
         if session is None:
             session = self.sessions[msg.session_id] = Session(msg.session_id)
+            self.session_keys[session_digest(msg.session_id)] = session.sid
             self.sessions_order_cache = None
         elif session.seqs and msg.seq < session.seqs[0]:
             self.sessions_order_cache = None
         msg.session_id = session.sid
+        span = (session.min_ts, session.max_ts, len(session.seqs))
         session.add(msg)
+        if span[2] == 0 or span[:2] != (session.min_ts, session.max_ts):
+            self.sessions_version += 1
         self.relations.add(msg)
+        if msg.ext is not None:
+            self.touches.add(msg)
         if index_search:
             self.search.add(msg.seq, msg.content, msg.summary, msg.tags)
         self.live_bytes += msg.rec_size
@@ -267,29 +309,30 @@ class Store:
         self.metadata_bytes += msg.metadata_bytes()
         self.entry_bytes += msg.entry_bytes()
 
-    def _bulk_load(self, messages: list[list[Any]]) -> None:
+    def _bulk_load(self, messages: list[list[Any]], rec_size_at: int) -> None:
         """_insert for a snapshot's messages (in creation order, search index already loaded):
         the same structures, minus the per-message work a snapshot makes unnecessary."""
         by_id, by_seq, sessions, relations = self.by_id, self.by_seq, self.sessions, self.relations
         from_fields = Message.from_fields
         live = 0
         for fields in messages:
-            msg = from_fields(fields, fields[16])
+            msg = from_fields(fields, fields[rec_size_at])
             by_id[msg.message_id] = msg
             by_seq[msg.seq] = msg
             session = sessions.get(msg.session_id)
             if session is None:
                 session = sessions[msg.session_id] = Session(msg.session_id)
+                self.session_keys[session_digest(msg.session_id)] = session.sid
             msg.session_id = session.sid
-            session.seqs.append(msg.seq)
-            session.kind_counts[KIND_INDEX[msg.kind]] += 1
-            if msg.summary is not None:
-                session.summary_seqs.append(msg.seq)
+            session.load(msg)
             if msg.relations:
                 relations.add(msg)
+            if msg.ext is not None:
+                self.touches.add(msg)
             live += msg.rec_size
         self.live_bytes += live
         self.sessions_order_cache = None
+        self.sessions_version += 1
 
     def _remove(self, msg: Message, keep_slot: bool = False) -> None:
         del self.by_id[msg.message_id]
@@ -297,13 +340,21 @@ class Store:
             del self.by_seq[msg.seq]
         session = self.sessions[msg.session_id]
         first = session.seqs[0] == msg.seq
-        session.remove(msg)
+        span = (session.min_ts, session.max_ts)
+        session.remove(msg, self.by_seq)
         if not session.seqs:
             del self.sessions[msg.session_id]
+            self.session_keys.pop(session_digest(msg.session_id), None)
             self.sessions_order_cache = None
-        elif first:
-            self.sessions_order_cache = None
+            self.sessions_version += 1
+        else:
+            if first:
+                self.sessions_order_cache = None
+            if span != (session.min_ts, session.max_ts):
+                self.sessions_version += 1
         self.relations.remove(msg)
+        if msg.ext is not None:
+            self.touches.remove(msg)
         self.search.remove(msg.seq)
         self.live_bytes -= msg.rec_size
         self.body_bytes -= msg.body_bytes()
@@ -400,6 +451,7 @@ class Store:
             return {"status": "OK", "changed": False, "message": old.to_dict()}
         seq = self.last_seq + 1
         new = message_from_args(old.message_id, old.session_id, old.seq, old.timestamp, old.role, content, md)
+        new.etype, new.tool, new.ext = old.etype, old.tool, old.ext  # an event stays the event it was
         new.revision = old.revision + 1
         new.updated_at = self.clock.now_ms()
         new.rec_size = self._append(["u", rid, seq, new.fields()])
@@ -424,11 +476,13 @@ class Store:
         return {"status": "OK"}
 
     def import_messages(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
-        """Store exported (or transcript) messages as they are: ids, times, revisions, metadata.
+        """Store exported (or transcript) messages as they are: ids, times, revisions, metadata, event
+        facts — with the metadata of their sessions and the ingester's checkpoints, if given.
 
         Idempotent by message id: a message whose id is already live is left alone, so importing a
-        file twice stores nothing twice. The batch is one durable append (one fsync). A torn batch
-        leaves a prefix of it, which the caller's retry completes."""
+        file twice stores nothing twice. The batch is one durable append (one fsync): session
+        records first, then messages, then checkpoints, so a torn batch leaves a prefix whose
+        checkpoints (if any survived) never claim events that did not."""
         self._check_writable()
         fresh: list[Message] = []
         seen: set[str] = set()
@@ -441,17 +495,26 @@ class Store:
             seen.add(m["message_id"])
             seq += 1
             msg = message_from_args(m["message_id"], m["session_id"], seq, m["timestamp"], m["role"], m["content"],
-                                    m["metadata"])
+                                    m["metadata"], m["event"])
             msg.revision, msg.updated_at = m["revision"], m["updated_at"]
             fresh.append(msg)
-        if fresh:
-            sizes = self._append_many([["w", None, msg.fields()] for msg in fresh])
-            for msg, size in zip(fresh, sizes):
+        metas = [(sid, fields) for sid, fields in args["sessions"]
+                 if fields and any(self.session_meta.get(sid, {}).get(k) != v for k, v in fields.items())]
+        records = [["s", None, sid, fields] for sid, fields in metas]
+        records += [["w", None, msg.fields()] for msg in fresh]
+        records += [["k", None, src, key, value] for src, key, value in args["checkpoints"]]
+        if records:
+            sizes = self._append_many(records)
+            for (sid, fields), size in zip(metas, sizes):
+                self._apply_session_meta(sid, fields, size)
+            for msg, size in zip(fresh, sizes[len(metas):]):
                 msg.rec_size = size
                 self._insert(msg)
                 self._after_record(None, "w", msg.message_id, msg.revision, msg.seq)
                 self.clock.observe_id(msg.message_id)
                 self.clock.observe_ms(msg.updated_at)
+            for (src, key, value), size in zip(args["checkpoints"], sizes[len(metas) + len(fresh):]):
+                self.ingest.apply(src, key, value, size)
         return {"status": "OK", "imported": len(fresh), "existing": existing}
 
     # ------------------------------------------------------------------ snapshot and health
@@ -463,6 +526,9 @@ class Store:
             "record_count": self.record_count, "checkpoint_bytes": self.checkpoint_bytes,
             "rids": [[rid, op, mid, rev] for rid, (op, mid, rev) in self.rids.items()],
             "memory": [self.body_bytes, self.metadata_bytes, self.entry_bytes],
+            "session_meta": [[sid, fields, self.meta_rec_sizes.get(sid, 0)]
+                             for sid, fields in self.session_meta.items()],
+            "checkpoints": self.ingest.dump(),
         }
 
     def snapshot_due(self) -> bool:
@@ -498,7 +564,8 @@ class Store:
         size = self.log_size()
         if size == 0:
             return 0
-        return max(0, size - logfile.HEADER_SIZE - self.live_bytes - self.checkpoint_bytes)
+        aux = self.meta_bytes + self.ingest.live_bytes
+        return max(0, size - logfile.HEADER_SIZE - self.live_bytes - self.checkpoint_bytes - aux)
 
     def health(self) -> dict[str, Any]:
         search_bytes = self.search.memory_bytes()

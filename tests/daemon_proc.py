@@ -133,7 +133,8 @@ class Daemon:
                     raise DaemonExited(f"daemon exited with {self.proc.returncode} before it was ready:\n"
                                        f"{self.stderr()[-4000:]}")
                 rep = c.try_call("ping", {})
-                if isinstance(rep, dict) and rep.get("status") == "OK" and rep.get("pid") == self.proc.pid:
+                if isinstance(rep, dict) and rep.get("status") == "OK" and rep.get("pid") == self.proc.pid \
+                        and not rep.get("loading"):
                     return time.monotonic() - t0
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"daemon not ready after {timeout} s:\n{self.stderr()[-4000:]}")
@@ -405,7 +406,8 @@ class _Writer(threading.Thread):
 
     def _call(self, c: Client, op: str, args: dict[str, Any]) -> dict[str, Any] | None:
         try:
-            return c.call(op, args, rid=new_rid(), deadline=time.monotonic() + self.op_deadline_s)
+            # BUSY (the restarted daemon still loading) is retried like a timeout, same request id
+            return c.call(op, args, rid=new_rid(), deadline=time.monotonic() + self.op_deadline_s, busy_retry=True)
         except NoReply as exc:
             self.errors.append(f"writer {self.k}: {exc}")
             return None

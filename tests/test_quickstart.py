@@ -143,7 +143,7 @@ def test_storaged_on_defaults_pings_and_stops_on_sigterm(home: Path) -> None:
             while True:
                 assert proc.poll() is None, err_path.read_text(errors="replace")
                 rep = c.send_frames([wire.encode_request("ping", {}, str(ulid.ULID()))])
-                if isinstance(rep, dict) and rep.get("status") == "OK":
+                if isinstance(rep, dict) and rep.get("status") == "OK" and not rep.get("loading"):
                     break
                 assert time.monotonic() < deadline, "convmem-storaged did not answer a ping"
                 if rep is None:

@@ -1,0 +1,787 @@
+"""The history interface's read side: search_sessions, open, list_sessions, file_attention,
+get_ingest_status, computed from the same store the memory tools read.
+
+The model: every message is an event of its session; a ``user_input`` event starts a turn and the
+events up to the next one belong to it (events before a session's first user input form a turn of
+their own, whose user input is null). Turns are therefore not stored but derived from each
+session's sorted event sequence and the sorted sequence numbers of its user inputs
+(``Session.turn_seqs``): finding an event's turn is a bisection, never a scan of the session.
+
+Every reply is ``{"status": "OK", "request": <canonical request>, "data": ..., "warnings": [...]}``;
+the front-end wraps it in the envelope (schema version, tool, elapsed time). Pages are bounded by
+their limit and by ``PAGE_BUDGET_BYTES``; an event opens whole. Reads change no stored state: the
+only thing kept between calls is ``HistoryViews``' cache of session orderings, rebuilt when the
+store's ``sessions_version`` says they moved.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from typing import Any, Callable
+
+from protocol import history as H
+from protocol.errors import ProtocolError
+from protocol.history import HistoryError, iso_ms
+
+from . import cursor, handles
+from .model import Message
+from .snippet import compact, snippet
+from .store import Store
+
+# BM25 scores are unbounded; the interface wants 0..1. raw / (raw + SCORE_HALF) keeps the order, is
+# comparable within a response (and roughly across), and puts a typical strong match near 0.6-0.8.
+SCORE_HALF = 8.0
+ACTION_PREVIEW_CHARS = 160
+_TOOL_TEXT_MAX = 4096    # a tool call's human-readable text repeats its arguments only up to this size
+_MODEL_LOOKBACK = 64
+
+
+def _coverage(store: Store) -> tuple[dict[str, Any], list[str]]:
+    state, reason, at = store.ingest.coverage()
+    named = {"true": "complete", "false": "partial", "unknown": "unknown"}[state]
+    warnings = []
+    if named == "partial":
+        warnings.append("coverage_partial: historical ingestion is still in progress; a missing result is not "
+                        "proof that an event never happened")
+    elif named == "unknown":
+        warnings.append("coverage_unknown: ingestion progress is unknown (no recent ingester heartbeat); a missing "
+                        "result is not proof that an event never happened")
+    return {"state": named, "reason": reason, "observed_at_unix_ms": at}, warnings
+
+
+def _ok(request: dict[str, Any], data: dict[str, Any], warnings: list[str] | None = None) -> dict[str, Any]:
+    return {"status": "OK", "request": request, "data": data, "warnings": warnings or []}
+
+
+def _json_len(obj: Any) -> int:
+    return len(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+
+
+class HistoryViews:
+    """The five tools over one store. Holds only caches derived from the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._order_version = -1
+        self._by_start: list[tuple[int, str]] = []     # (started_at, session id), ascending
+        self._by_update: list[tuple[int, str]] = []    # (updated_at, session id), ascending
+
+    @property
+    def key(self) -> bytes:
+        return self.store.cursor_key
+
+    # ================================================================ shared pieces
+    def _orders(self) -> None:
+        if self._order_version != self.store.sessions_version:
+            sessions = self.store.sessions
+            self._by_start = sorted((s.min_ts, sid) for sid, s in sessions.items())
+            self._by_update = sorted((s.max_ts, sid) for sid, s in sessions.items())
+            self._order_version = self.store.sessions_version
+
+    def meta(self, sid: str) -> dict[str, Any]:
+        return self.store.session_meta.get(sid) or {}
+
+    def harness(self, sid: str) -> str:
+        return self.meta(sid).get("harness") or H.HARNESS_CONVMEM
+
+    def source(self, sid: str) -> str:
+        return self.meta(sid).get("source") or H.SOURCE_MEMORY
+
+    def mode(self, sid: str) -> str:
+        explicit = self.meta(sid).get("mode")
+        if explicit:
+            return explicit
+        s = self.store.sessions[sid]
+        if not s.tool_calls:
+            return "chat"
+        return "web_search" if s.web_calls == s.tool_calls else "tool_calling"
+
+    def turn_count(self, sid: str) -> int:
+        s = self.store.sessions[sid]
+        return len(s.turn_seqs) + (1 if self._has_preamble(s) else 0)
+
+    @staticmethod
+    def _has_preamble(s) -> bool:
+        return bool(s.seqs) and (not s.turn_seqs or s.seqs[0] < s.turn_seqs[0])
+
+    def display_label(self, sid: str) -> str:
+        """An explicit title; else the first Codex user message (first line, 120 characters); else the
+        title/summary/slug a transcript carried; else a descriptor made of metadata only."""
+        meta = self.meta(sid)
+        if meta.get("title"):
+            return meta["title"]
+        prompt = meta.get("first_prompt")
+        if prompt and self.harness(sid) == H.HARNESS_CODEX:
+            line = prompt.strip().split("\n", 1)[0].strip()
+            if line:
+                return line if len(line) <= H.LABEL_PREVIEW_CHARS else line[:H.LABEL_PREVIEW_CHARS] + "…"
+        for key in ("summary", "slug"):
+            if meta.get(key):
+                text, _ = compact(meta[key], H.LABEL_PREVIEW_CHARS)
+                return text
+        s = self.store.sessions[sid]
+        n = self.turn_count(sid)
+        return (f"{self.harness(sid)} {self.mode(sid)} session, updated {iso_ms(s.max_ts)[:16].replace('T', ' ')} "
+                f"UTC, {n} turn{'s' if n != 1 else ''}")
+
+    def session_ref(self, sid: str, full: bool = False) -> dict[str, Any]:
+        s = self.store.sessions[sid]
+        meta = self.meta(sid)
+        out: dict[str, Any] = {
+            "id": handles.session_id(self.key, sid),
+            "title": meta.get("title"),
+            "display_label": self.display_label(sid),
+            "source": self.source(sid),
+            "harness": self.harness(sid),
+            "started_at": iso_ms(s.min_ts),
+            "updated_at": iso_ms(s.max_ts),
+            "completed": self._session_completed(s),
+        }
+        if full:
+            out.update({
+                "turn_count": self.turn_count(sid),
+                "event_count": len(s.seqs),
+                "mode": self.mode(sid),
+                "session_slug": meta.get("slug"),
+                "session_summary": meta.get("summary"),
+            })
+        return out
+
+    def _session_completed(self, s) -> bool:
+        return self.store.by_seq[s.seqs[-1]].etype == H.ASSISTANT_RESPONSE
+
+    # ---------------------------------------------------------------- turns
+    def turn_of(self, msg: Message) -> tuple[int, int, int]:
+        """(turn index 0-based, first index in session.seqs, end index) of the turn holding ``msg``."""
+        s = self.store.sessions[msg.session_id]
+        return self._turn_at(s, bisect.bisect_right(s.turn_seqs, msg.seq) - 1)
+
+    def _turn_at(self, s, t: int) -> tuple[int, int, int]:
+        """Turn whose start is turn_seqs[t] (t == -1: the preamble) as (index, start, end)."""
+        pre = 1 if self._has_preamble(s) else 0
+        start = 0 if t < 0 else bisect.bisect_left(s.seqs, s.turn_seqs[t])
+        end = bisect.bisect_left(s.seqs, s.turn_seqs[t + 1]) if t + 1 < len(s.turn_seqs) else len(s.seqs)
+        return t + pre, start, end
+
+    def _turn_by_index(self, s, index: int) -> tuple[int, int, int] | None:
+        pre = 1 if self._has_preamble(s) else 0
+        t = index - pre
+        if index < 0 or t >= len(s.turn_seqs):
+            return None
+        return self._turn_at(s, t)
+
+    def turn_id(self, s, start: int) -> str:
+        first = self.store.by_seq[s.seqs[start]]
+        anchor = first.message_id if first.etype == H.USER_INPUT else None
+        return handles.turn_id(self.key, anchor, s.sid)
+
+    def _turn_facts(self, s, start: int, end: int) -> dict[str, Any]:
+        by_seq = self.store.by_seq
+        last = by_seq[s.seqs[end - 1]]
+        completed = last.etype == H.ASSISTANT_RESPONSE
+        return {"completed": completed,
+                "terminal_event_id": handles.event_id(self.key, last.message_id) if completed else None}
+
+    def _turn_summary(self, s, index: int, start: int, end: int, with_ids: bool = True) -> dict[str, Any]:
+        by_seq = self.store.by_seq
+        events = [by_seq[q] for q in s.seqs[start:end]]
+        facts = self._turn_facts(s, start, end)
+        first = events[0]
+        tools: dict[str, None] = {}
+        types: dict[str, None] = {}
+        for e in events:
+            types[e.etype] = None
+            if e.tool is not None and e.etype == H.TOOL_CALL:
+                tools[e.tool] = None
+        user = self._compact_ref(first) if first.etype == H.USER_INPUT else None
+        final = self._compact_ref(events[-1]) if facts["completed"] else None
+        tid = self.turn_id(s, start)
+        out = {
+            "id": tid,
+            "ordinal": index + 1,
+            "completed": facts["completed"],
+            "terminal_event_id": facts["terminal_event_id"],
+            "event_count": end - start,
+            "started_at": iso_ms(min(e.timestamp for e in events)),
+            "updated_at": iso_ms(max(e.timestamp for e in events)),
+            "user_input": user,
+            "final_response": final,
+            "tools_called": list(tools),
+            "event_types": list(types),
+        }
+        if with_ids:
+            out["open"] = {"turn_id": tid, "terminal_event_id": facts["terminal_event_id"]}
+        return out
+
+    def _compact_ref(self, m: Message) -> dict[str, Any]:
+        text, cut = self.event_summary_text(m)
+        return {"event_id": handles.event_id(self.key, m.message_id), "text": text, "truncated": cut}
+
+    @staticmethod
+    def event_summary_text(m: Message) -> tuple[str, bool]:
+        if m.etype == H.TOOL_CALL and m.tool:
+            text, cut = compact(m.content, H.COMPACT_CHARS - len(m.tool) - 1)
+            return f"{m.tool} {text}", cut
+        return compact(m.content, H.COMPACT_CHARS)
+
+    def _model_of(self, m: Message) -> str | None:
+        return m.ext[2] if m.ext is not None else None
+
+    def _originating_model(self, s, idx: int, start: int) -> str | None:
+        by_seq = self.store.by_seq
+        for j in range(idx, max(start, idx - _MODEL_LOOKBACK) - 1, -1):
+            model = self._model_of(by_seq[s.seqs[j]])
+            if model:
+                return model
+        return None
+
+    # ---------------------------------------------------------------- resolving ids
+    def _session_of(self, token: str, field: str) -> str:
+        digest = handles.decode(self.key, "session", token, field)
+        sid = self.store.session_keys.get(digest)
+        if sid is None or sid not in self.store.sessions:
+            raise HistoryError(H.NOT_FOUND, "session not found (it has no live events)", {"kind": "session",
+                                                                                       "field": field})
+        return sid
+
+    def _turn_of(self, token: str, field: str) -> tuple[str, int, int, int]:
+        """(session id, turn index, start, end) of a turn id."""
+        ref = handles.decode(self.key, "turn", token, field)
+        store = self.store
+        if ref[0] == "preamble":
+            sid = store.session_keys.get(ref[1])
+            s = store.sessions.get(sid) if sid is not None else None
+            if s is None or not self._has_preamble(s):
+                raise HistoryError(H.NOT_FOUND, "turn not found", {"kind": "turn", "field": field})
+            index, start, end = self._turn_at(s, -1)
+            return sid, index, start, end
+        msg = store.by_id.get(ref[1])
+        if msg is None or msg.etype != H.USER_INPUT:
+            raise HistoryError(H.NOT_FOUND, "turn not found", {"kind": "turn", "field": field})
+        s = store.sessions[msg.session_id]
+        index, start, end = self.turn_of(msg)
+        return s.sid, index, start, end
+
+    def _event_of(self, token: str, field: str) -> Message:
+        mid = handles.decode(self.key, "event", token, field)
+        msg = self.store.by_id.get(mid)
+        if msg is None:
+            raise HistoryError(H.NOT_FOUND, "event not found", {"kind": "event", "field": field})
+        return msg
+
+    # ================================================================ search_sessions
+    def search_sessions(self, a: dict[str, Any]) -> dict[str, Any]:
+        req = a["request"]
+        store = self.store
+        by_seq = store.by_seq
+        types = frozenset(req["event_types"])
+        harness, source = req["harness"], req["source"]
+        sid_only: str | None = None
+        lo = hi = None
+        if a["within"] is not None:
+            kind, token = a["within"]
+            if kind == "session":
+                sid_only = self._session_of(token, "within_id")
+            else:
+                sid_only, _index, start, end = self._turn_of(token, "within_id")
+                s = store.sessions[sid_only]
+                lo, hi = s.seqs[start], s.seqs[end - 1]
+        meta_ok: dict[str, bool] = {}
+
+        def session_ok(sid: str) -> bool:
+            ok = meta_ok.get(sid)
+            if ok is None:
+                ok = meta_ok[sid] = ((harness is None or self.harness(sid) == harness)
+                                     and (source is None or self.source(sid) == source))
+            return ok
+
+        def accept(doc: int) -> bool:
+            m = by_seq.get(doc)
+            if m is None or m.etype not in types:
+                return False
+            if sid_only is not None and (m.session_id != sid_only or (lo is not None and not lo <= doc <= hi)):
+                return False
+            return session_ok(m.session_id)
+
+        n = req["n_hits"]
+        hits = store.search.search(req["query"], n + 1, accept, lambda d: (by_seq[d].timestamp, -d))
+        truncated = len(hits) > n
+        hits = sorted(hits, key=lambda h: (-h.score, -by_seq[h.doc].timestamp, by_seq[h.doc].message_id))[:n]
+        results = []
+        for rank, hit in enumerate(hits, 1):
+            m = by_seq[hit.doc]
+            s = store.sessions[m.session_id]
+            index, start, end = self.turn_of(m)
+            idx = bisect.bisect_left(s.seqs, m.seq)
+            facts = self._turn_facts(s, start, end)
+            eid = handles.event_id(self.key, m.message_id)
+            tid = self.turn_id(s, start)
+            text, cut = snippet(m.content, req["query"], H.SNIPPET_CHARS)
+            results.append({
+                "rank": rank,
+                "score": round(hit.score / (hit.score + SCORE_HALF), 4),
+                "id": eid,
+                "event": {"id": eid, "type": m.etype, "timestamp": iso_ms(m.timestamp), "ordinal": idx - start + 1,
+                          "terminal": facts["completed"] and idx == end - 1, "tool_name": m.tool},
+                "turn": {"id": tid, "ordinal": index + 1, "completed": facts["completed"], "event_count": end - start},
+                "session": self.session_ref(m.session_id),
+                "snippet": {"text": text, "truncated": cut},
+                "open": {"event_id": eid, "turn_id": tid, "session_id": handles.session_id(self.key, m.session_id)},
+            })
+        coverage, warnings = _coverage(store)
+        data = {"result_count": len(results), "limit": n, "truncated": truncated, "results": results,
+                "coverage": coverage}
+        return _ok(req, data, warnings)
+
+    # ================================================================ open
+    def open(self, a: dict[str, Any]) -> dict[str, Any]:
+        req = a["request"]
+        if a["cursor"] is not None:
+            target, limit, after, epoch, served = self._open_cursor(a["cursor"])
+            kind, token = target.split(":", 1)
+        else:
+            kind, token = a["id"]
+            target, limit, after, epoch, served = req["id"], a["limit"], None, None, 0
+        if kind == "event":
+            data = self._open_event(self._event_of(token, "id"))
+        elif kind == "turn":
+            data = self._open_turn(token, limit, after, epoch, served, target)
+        else:
+            data = self._open_session(token, limit, after, epoch, served, target)
+        coverage, warnings = _coverage(self.store)
+        data["coverage"] = coverage
+        return _ok(req, data, warnings)
+
+    def _open_cursor(self, token: str) -> tuple[str, int, int, int, int]:
+        try:
+            pos = cursor.decode(self.key, token, "open", "")
+            target, limit, after, epoch, served = pos
+            if not (isinstance(target, str) and isinstance(limit, int) and isinstance(after, int)
+                    and isinstance(epoch, int) and isinstance(served, int)):
+                raise ValueError
+        except (ProtocolError, ValueError, TypeError):
+            raise HistoryError(H.INVALID_REQUEST, "cursor is not a next_cursor this store issued for open "
+                                                  "(edited, truncated or from another tool); reopen the id "
+                                                  "with a limit to start again", {"field": "cursor"}) from None
+        return target, limit, after, epoch, served
+
+    def _stale(self) -> HistoryError:
+        return HistoryError(H.INVALID_REQUEST, "the session changed since this cursor was issued (events were "
+                                               "deleted, updated or inserted before the end); reopen the id with "
+                                               "a limit to page it again", {"field": "cursor", "reason": "stale_cursor"})
+
+    def _page_cursor(self, target: str, limit: int, last_seq: int, epoch: int, served: int) -> str:
+        return cursor.encode(self.key, "open", "", [target, limit, last_seq, epoch, served])
+
+    def _open_event(self, m: Message) -> dict[str, Any]:
+        store = self.store
+        s = store.sessions[m.session_id]
+        index, start, end = self.turn_of(m)
+        idx = bisect.bisect_left(s.seqs, m.seq)
+        facts = self._turn_facts(s, start, end)
+        sid_handle = handles.session_id(self.key, s.sid)
+        tid = self.turn_id(s, start)
+        prev_turn = self._turn_by_index(s, index - 1)
+        next_turn = self._turn_by_index(s, index + 1)
+        by_seq = store.by_seq
+        return {
+            "kind": "event",
+            "event": {
+                "id": handles.event_id(self.key, m.message_id),
+                "session_id": sid_handle,
+                "turn_id": tid,
+                "ordinal": idx - start + 1,
+                "type": m.etype,
+                "timestamp": iso_ms(m.timestamp),
+                "terminal": facts["completed"] and idx == end - 1,
+                "model": self._model_of(m),
+                "originating_model": self._originating_model(s, idx, start),
+                "tool_name": m.tool,
+                "tool_call_id": m.tool_call_id,
+                "message_id": m.message_id,
+                "role": m.role,
+                "content_bytes": len(m.content.encode("utf-8")),
+            },
+            "content": self._content(m),
+            "session": {"id": sid_handle, "title": self.meta(s.sid).get("title"),
+                        "display_label": self.display_label(s.sid), "source": self.source(s.sid),
+                        "harness": self.harness(s.sid)},
+            "turn": {"id": tid, "ordinal": index + 1, "completed": facts["completed"]},
+            "traversal": {
+                "session_id": sid_handle,
+                "turn_id": tid,
+                "previous_event_id": handles.event_id(self.key, by_seq[s.seqs[idx - 1]].message_id) if idx > 0
+                else None,
+                "next_event_id": handles.event_id(self.key, by_seq[s.seqs[idx + 1]].message_id)
+                if idx + 1 < len(s.seqs) else None,
+                "previous_turn_id": self.turn_id(s, prev_turn[1]) if prev_turn else None,
+                "next_turn_id": self.turn_id(s, next_turn[1]) if next_turn else None,
+            },
+        }
+
+    @staticmethod
+    def _content(m: Message) -> dict[str, Any]:
+        if m.etype == H.TOOL_CALL:
+            try:
+                arguments = json.loads(m.content)
+            except ValueError:
+                arguments = None
+            name = m.tool or "tool"
+            text = f"{name}({m.content})" if len(m.content) <= _TOOL_TEXT_MAX else \
+                f"{name}(… {len(m.content)} characters of arguments, in full under arguments)"
+            if arguments is None:
+                text = f"{name}: {m.content}"
+            return {"format": "tool_call", "tool_name": m.tool, "arguments": arguments, "text": text,
+                    "truncated": False}
+        if m.etype == H.TOOL_RESPONSE:
+            is_error, exit_code = (m.ext[0], m.ext[1]) if m.ext is not None else (None, None)
+            return {"format": "tool_response", "tool_name": m.tool, "is_error": is_error, "exit_code": exit_code,
+                    "text": m.content, "truncated": False}
+        if m.etype == H.REASONING:
+            return {"format": "reasoning", "encrypted": m.content == H.ENCRYPTED_REASONING, "text": m.content,
+                    "truncated": False}
+        return {"format": "text", "text": m.content, "truncated": False}
+
+    def _event_summary(self, s, idx: int, start: int, end: int, completed: bool) -> dict[str, Any]:
+        m = self.store.by_seq[s.seqs[idx]]
+        text, cut = self.event_summary_text(m)
+        return {"id": handles.event_id(self.key, m.message_id), "ordinal": idx - start + 1, "type": m.etype,
+                "timestamp": iso_ms(m.timestamp), "terminal": completed and idx == end - 1, "tool_name": m.tool,
+                "model": self._model_of(m), "summary": text, "truncated": cut}
+
+    def _open_turn(self, token: str, limit: int | None, after: int | None, epoch: int | None, served: int,
+                   target: str) -> dict[str, Any]:
+        sid, index, start, end = self._turn_of(token, "id" if after is None else "cursor")
+        s = self.store.sessions[sid]
+        if epoch is not None and epoch != s.epoch:
+            raise self._stale()
+        summary = self._turn_summary(s, index, start, end, with_ids=False)
+        sid_handle = handles.session_id(self.key, sid)
+        prev_turn = self._turn_by_index(s, index - 1)
+        next_turn = self._turn_by_index(s, index + 1)
+        by_seq = self.store.by_seq
+        events: list[dict[str, Any]] = []
+        next_cursor = None
+        if limit is not None:
+            i = start if after is None else bisect.bisect_right(s.seqs, after, start, end)
+            used = 0
+            while i < end and len(events) < limit:
+                item = self._event_summary(s, i, start, end, summary["completed"])
+                size = _json_len(item)
+                if events and used + size > H.PAGE_BUDGET_BYTES:
+                    break
+                events.append(item)
+                used += size
+                i += 1
+            if i < end:
+                next_cursor = self._page_cursor(target, limit, s.seqs[i - 1], s.epoch, served + len(events))
+        return {
+            "kind": "turn",
+            "turn": {"id": summary["id"], "session_id": sid_handle, "ordinal": index + 1,
+                     "completed": summary["completed"], "terminal_event_id": summary["terminal_event_id"],
+                     "event_count": end - start, "started_at": summary["started_at"],
+                     "updated_at": summary["updated_at"]},
+            "session": {"id": sid_handle, "title": self.meta(sid).get("title"), "display_label": self.display_label(sid),
+                        "source": self.source(sid), "harness": self.harness(sid)},
+            "summary": {"user_input": summary["user_input"], "final_response": summary["final_response"],
+                        "tools_called": summary["tools_called"], "event_types": summary["event_types"]},
+            "events": events,
+            "next_cursor": next_cursor,
+            "traversal": {
+                "session_id": sid_handle,
+                "previous_turn_id": self.turn_id(s, prev_turn[1]) if prev_turn else None,
+                "next_turn_id": self.turn_id(s, next_turn[1]) if next_turn else None,
+                "first_event_id": handles.event_id(self.key, by_seq[s.seqs[start]].message_id),
+                "last_event_id": handles.event_id(self.key, by_seq[s.seqs[end - 1]].message_id),
+            },
+        }
+
+    def _open_session(self, token: str, limit: int | None, after: int | None, epoch: int | None, served: int,
+                      target: str) -> dict[str, Any]:
+        sid = self._session_of(token, "id" if after is None else "cursor")
+        s = self.store.sessions[sid]
+        if epoch is not None and epoch != s.epoch:
+            raise self._stale()
+        meta = self.meta(sid)
+        session = self.session_ref(sid, full=True)
+        session.update({"cwd": meta.get("cwd"), "branch": meta.get("branch"),
+                        "parent_session_id": handles.session_id(self.key, meta["parent_session_id"])
+                        if meta.get("parent_session_id") in self.store.sessions else None})
+        n_turns = self.turn_count(sid)
+        turns: list[dict[str, Any]] = []
+        next_cursor = None
+        if limit is not None:
+            pre = 1 if self._has_preamble(s) else 0
+            t = -pre if after is None else bisect.bisect_right(s.turn_seqs, after)  # turn_seqs index of next turn
+            used = 0
+            last_start_seq = None
+            while t < len(s.turn_seqs) and len(turns) < limit:
+                index, start, end = self._turn_at(s, t)
+                item = self._turn_summary(s, index, start, end)
+                size = _json_len(item)
+                if turns and used + size > H.PAGE_BUDGET_BYTES:
+                    break
+                turns.append(item)
+                used += size
+                last_start_seq = s.seqs[start]
+                t += 1
+            if t < len(s.turn_seqs) and last_start_seq is not None:
+                next_cursor = self._page_cursor(target, limit, last_start_seq, s.epoch, served + len(turns))
+        self._orders()
+        pos = bisect.bisect_left(self._by_start, (s.min_ts, sid))
+        prev_sid = self._by_start[pos - 1][1] if pos > 0 else None
+        next_sid = self._by_start[pos + 1][1] if pos + 1 < len(self._by_start) else None
+        first = self._turn_by_index(s, 0)
+        last = self._turn_by_index(s, n_turns - 1)
+        return {
+            "kind": "session",
+            "session": session,
+            "turns": turns,
+            "next_cursor": next_cursor,
+            "traversal": {
+                "previous_session_id": handles.session_id(self.key, prev_sid) if prev_sid else None,
+                "next_session_id": handles.session_id(self.key, next_sid) if next_sid else None,
+                "first_turn_id": self.turn_id(s, first[1]) if first else None,
+                "last_turn_id": self.turn_id(s, last[1]) if last else None,
+            },
+        }
+
+    # ================================================================ list_sessions
+    def list_sessions(self, a: dict[str, Any]) -> dict[str, Any]:
+        req = a["request"]
+        start_ms, end_ms = a["start"], a["end"]
+        desc = req["sort"] == "desc"
+        scope = json.dumps([req["start_datetime"], req["end_datetime"], req["mode"], req["harness"], req["source"],
+                            req["sort"]])
+        self._orders()
+        order = self._by_update
+        sessions = self.store.sessions
+        served = 0
+        if req["cursor"] is not None:
+            try:
+                updated, sid, served = cursor.decode(self.key, req["cursor"], "list_sessions", scope)
+                if not (isinstance(updated, int) and isinstance(sid, str) and isinstance(served, int)):
+                    raise ValueError
+            except (ProtocolError, ValueError, TypeError):
+                raise HistoryError(H.INVALID_REQUEST, "cursor is not a next_cursor of this listing (it was issued "
+                                                      "for other filters or sort, or edited); list again without "
+                                                      "cursor", {"field": "cursor"}) from None
+            i = bisect.bisect_left(order, (updated, sid)) - 1 if desc else bisect.bisect_right(order, (updated, sid))
+        else:
+            i = len(order) - 1 if desc else bisect.bisect_left(order, (start_ms, ""))
+        lowest = bisect.bisect_left(order, (start_ms, ""))  # updated_at >= start from here on
+        step = -1 if desc else 1
+        out: list[dict[str, Any]] = []
+        used = 0
+        more = False
+        last_key = None
+        while lowest <= i < len(order):
+            key = order[i]
+            sid = key[1]
+            s = sessions.get(sid)
+            i += step
+            if s is None or s.min_ts >= end_ms:
+                continue
+            if (req["mode"] is not None and self.mode(sid) != req["mode"]) or \
+                    (req["harness"] is not None and self.harness(sid) != req["harness"]) or \
+                    (req["source"] is not None and self.source(sid) != req["source"]):
+                continue
+            if len(out) >= req["limit"]:
+                more = True
+                break
+            ref = self.session_ref(sid, full=True)
+            item = {"rank": served + len(out) + 1, "id": ref["id"], "session": ref,
+                    "open": {"session_id": ref["id"]}}
+            size = _json_len(item)
+            if out and used + size > H.PAGE_BUDGET_BYTES:
+                more = True
+                break
+            out.append(item)
+            used += size
+            last_key = key
+        next_cursor = None
+        if more and last_key is not None:
+            next_cursor = cursor.encode(self.key, "list_sessions", scope, [last_key[0], last_key[1], served + len(out)])
+        coverage, warnings = _coverage(self.store)
+        data = {"result_count": len(out), "limit": req["limit"], "truncated": more, "sessions": out,
+                "next_cursor": next_cursor, "coverage": coverage}
+        return _ok(req, data, warnings)
+
+    # ================================================================ file_attention
+    def file_attention(self, a: dict[str, Any]) -> dict[str, Any]:
+        req = a["request"]
+        launch = a["launch"]
+        store = self.store
+        tail = launch.get("tail") or req["path"]
+        absolute = bool(launch.get("tail_is_absolute")) or (launch.get("tail") is None and os.path.isabs(req["path"]))
+        if not absolute:
+            tail = os.path.normpath(tail)
+            if tail.startswith("../") or tail == "..":
+                raise HistoryError(H.INVALID_REQUEST, "path resolves outside the launch project; pass an absolute "
+                                                      "path", {"field": "path"})
+        project = launch.get("project")
+        if req["scope"] == "project" and not project:
+            raise HistoryError(H.INVALID_REQUEST, "scope 'project' needs the launch directory's project identity "
+                                                  "(a git repository or the launch directory), which could not be "
+                                                  "established; pass scope 'all'", {"field": "scope"})
+        name = tail.rsplit("/", 1)[-1]
+        tool = req["tool"].casefold() if req["tool"] is not None else None
+        start, end = a["start"], a["end"]
+        touches: list[tuple[Message, tuple, str]] = []
+        scanned = 0
+        truncated_scan = False
+        for seq in reversed(store.touches.candidates(name)):
+            scanned += 1
+            if scanned > H.ATTENTION_SCAN_MAX:
+                truncated_scan = True
+                break
+            m = store.by_seq.get(seq)
+            if m is None or m.ext is None:
+                continue
+            if start is not None and m.timestamp < start or end is not None and m.timestamp >= end:
+                continue
+            if tool is not None and (m.tool or "").casefold() != tool:
+                continue
+            sid = m.session_id
+            if req["harness"] is not None and self.harness(sid) != req["harness"]:
+                continue
+            if req["source"] is not None and self.source(sid) != req["source"]:
+                continue
+            for f in m.ext[3]:
+                path, root, ftail, fproject, op = f
+                if req["mutations_only"] and op == "read":
+                    continue
+                if absolute:
+                    if path != tail:
+                        continue
+                    kind = "exact_path"
+                elif root is not None:
+                    if ftail != tail:
+                        continue
+                    kind = "path_tail"
+                else:
+                    if not (path == tail or path.endswith("/" + tail)):
+                        continue
+                    kind = "path_suffix"
+                if req["scope"] == "project":
+                    owner = fproject if root is not None else self.meta(sid).get("project")
+                    if owner != project:
+                        continue
+                touches.append((m, f, kind))
+                break
+        return self._attention_reply(req, tail, absolute, launch, touches, truncated_scan)
+
+    def _attention_reply(self, req: dict[str, Any], tail: str, absolute: bool, launch: dict[str, Any],
+                         touches: list[tuple[Message, tuple, str]], truncated_scan: bool) -> dict[str, Any]:
+        key = self.key
+        touches.sort(key=lambda t: (-t[0].timestamp, t[0].message_id))
+        roots: dict[str, list[Any]] = {}
+        unknown = 0
+        sessions_seen: set[str] = set()
+        for m, f, _kind in touches:
+            sessions_seen.add(m.session_id)
+            if f[1] is None:
+                unknown += 1
+            else:
+                r = roots.setdefault(f[1], [0, set()])
+                r[0] += 1
+                r[1].add(m.session_id)
+        bare = "/" not in tail
+        distinct_roots = len(roots) + (1 if unknown else 0)
+        summary = {
+            "total_touches": len(touches),
+            "distinct_sessions": len(sessions_seen),
+            "distinct_roots": distinct_roots,
+            "distinct_known_roots": len(roots),
+            "unknown_root_touches": unknown,
+            "first_touch": iso_ms(touches[-1][0].timestamp) if touches else None,
+            "last_touch": iso_ms(touches[0][0].timestamp) if touches else None,
+            "ambiguous": bare or distinct_roots > 1,
+            "scan_truncated": truncated_scan,
+        }
+        limit = req["limit"]
+        data: dict[str, Any] = {
+            "path": req["path"],
+            "tail": tail,
+            "tail_is_absolute": absolute,
+            "stripped_root": launch.get("stripped_root"),
+            "scope": req["scope"],
+            "granularity": req["granularity"],
+            "summary": summary,
+            "roots": [{"root": r, "touch_count": v[0], "session_count": len(v[1])}
+                      for r, v in sorted(roots.items(), key=lambda kv: (-kv[1][0], kv[0]))],
+        }
+        rows: list[dict[str, Any]] = []
+        if req["granularity"] == "events":
+            for m, f, kind in touches[:limit]:
+                s = self.store.sessions[m.session_id]
+                index, start, _end = self.turn_of(m)
+                eid = handles.event_id(key, m.message_id)
+                sid_handle = handles.session_id(key, m.session_id)
+                tid = self.turn_id(s, start)
+                preview, _ = compact(m.content, ACTION_PREVIEW_CHARS)
+                rows.append({"rank": len(rows) + 1, "id": eid, "event": {
+                    "id": eid, "session_id": sid_handle, "harness": self.harness(m.session_id),
+                    "source": self.source(m.session_id), "timestamp": iso_ms(m.timestamp), "tool_name": m.tool,
+                    "op": f[4], "phase": "request", "turn": index + 1, "match_kind": kind, "worktree_root": f[1],
+                    "path": f[0], "action_preview": preview},
+                    "open": {"event_id": eid, "session_id": sid_handle, "turn_id": tid}})
+            total_rows = len(touches)
+            data["events"] = rows
+        else:
+            groups: dict[str, dict[str, Any]] = {}
+            for m, f, _kind in touches:
+                g = groups.get(m.session_id)
+                if g is None:
+                    g = groups[m.session_id] = {"latest": m, "first": m, "count": 0, "tools": {}, "ops": {},
+                                                "roots": {}}
+                g["count"] += 1
+                g["first"] = m
+                if m.tool:
+                    g["tools"][m.tool] = None
+                g["ops"][f[4]] = None
+                g["roots"][f[1]] = None
+            for sid, g in list(groups.items())[:limit]:
+                latest = g["latest"]
+                s = self.store.sessions[sid]
+                _index, start, _end = self.turn_of(latest)
+                sid_handle = handles.session_id(key, sid)
+                rows.append({"rank": len(rows) + 1, "id": sid_handle, "session": {
+                    "harness": self.harness(sid), "source": self.source(sid), "title": self.meta(sid).get("title"),
+                    "display_label": self.display_label(sid), "touch_count": g["count"],
+                    "tools": sorted(g["tools"]), "ops": sorted(g["ops"]),
+                    "first_touch": iso_ms(g["first"].timestamp), "last_touch": iso_ms(latest.timestamp),
+                    "worktree_roots": [r for r in g["roots"] if r is not None]},
+                    "open": {"session_id": sid_handle, "event_id": handles.event_id(key, latest.message_id),
+                             "turn_id": self.turn_id(s, start)}})
+            total_rows = len(groups)
+            data["sessions"] = rows
+        data["result_count"] = len(rows)
+        data["limit"] = limit
+        data["truncated"] = total_rows > len(rows) or truncated_scan
+        coverage, warnings = _coverage(self.store)
+        data["coverage"] = coverage
+        if bare:
+            warnings.append("ambiguous_tail: a bare file name matches that name in every directory; pass a "
+                            "project-relative path (e.g. src/app/main.py) to narrow it")
+        if unknown:
+            warnings.append(f"unknown_roots: {unknown} touch(es) have no provable worktree root (matched by path "
+                            "suffix); they can make an otherwise single root ambiguous")
+        return _ok(req, data, warnings)
+
+    # ================================================================ get_ingest_status
+    def get_ingest_status(self, a: dict[str, Any], rebuilding: bool) -> dict[str, Any]:
+        store = self.store
+        data = store.ingest.status(store.last_error, rebuilding)
+        return _ok(a["request"], data)
+
+
+def handlers(views: HistoryViews, rebuilding: Callable[[], bool]) -> dict[str, Callable[[dict[str, Any]], dict]]:
+    return {
+        "search_sessions": views.search_sessions,
+        "open": views.open,
+        "list_sessions": views.list_sessions,
+        "file_attention": views.file_attention,
+        "get_ingest_status": lambda a: views.get_ingest_status(a, rebuilding()),
+    }

@@ -1,0 +1,123 @@
+"""Short text for the history interface: search snippets around the matched terms, compact summaries.
+
+A search hit is a pointer, not the record: its snippet is a window of at most ``SNIPPET_CHARS``
+characters chosen to hold as many distinct query terms as possible, so an agent can judge a 20 KB tool
+output from two hundred characters and open the event only if it matters. Terms are found the way
+the index finds them (NFKC, case folding, stemming; CJK runs and their bigrams) but located with C-speed
+regular expressions, so a snippet over a 1 MiB output costs milliseconds, not a tokenisation of it all.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from .tokenize import _word_term, normalize, query_runs
+
+_WS = re.compile(r"\s+")
+_WORD_AT = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
+MATCHES_PER_TERM = 2000
+ELLIPSIS = "…"
+
+
+def compact(text: str, max_chars: int) -> tuple[str, bool]:
+    """``text`` with its whitespace collapsed, cut to ``max_chars`` (at a word boundary when one is near)."""
+    head = text[: max_chars * 4 + 64]  # whitespace collapse cannot need more than this
+    flat = _WS.sub(" ", head).strip()
+    if len(flat) <= max_chars and len(head) == len(text):
+        return flat, False
+    if len(flat) <= max_chars:
+        return flat + ELLIPSIS, True
+    cut = flat[: max_chars]
+    space = cut.rfind(" ")
+    if space > max_chars * 2 // 3:
+        cut = cut[:space]
+    return cut.rstrip() + ELLIPSIS, True
+
+
+@lru_cache(maxsize=256)
+def _patterns(query: str) -> tuple[tuple[re.Pattern[str], str | None], ...]:
+    """(pattern, term to verify with or None) for each distinct query unit."""
+    out = []
+    seen = set()
+    for run in query_runs(query):
+        if run.cjk:
+            whole = run.terms[0] + "".join(g[1:] for g in run.terms[1:])  # the run, from its bigrams
+            for piece in dict.fromkeys((whole, *run.terms)):
+                if piece not in seen:
+                    seen.add(piece)
+                    out.append((re.compile(re.escape(piece)), None))
+            continue
+        term = run.terms[0]
+        if term in seen:
+            continue
+        seen.add(term)
+        prefix = term[:-1] if len(term) > 3 else term
+        out.append((re.compile(r"(?<![^\W_])" + re.escape(prefix)), term))
+    return tuple(out)
+
+
+def _matches(folded: str, query: str) -> list[tuple[int, int, int]]:
+    """(start, end, unit index) of every located query unit, in text order."""
+    found = []
+    for unit, (pattern, term) in enumerate(_patterns(query)):
+        n = 0
+        for m in pattern.finditer(folded):
+            start = m.start()
+            if term is not None:
+                w = _WORD_AT.match(folded, start)
+                if w is None or _word_term(w.group()) != term:
+                    continue
+                end = w.end()
+            else:
+                end = m.end()
+            found.append((start, end, unit))
+            n += 1
+            if n >= MATCHES_PER_TERM:
+                break
+    found.sort()
+    return found
+
+
+def snippet(text: str, query: str, max_chars: int) -> tuple[str, bool]:
+    """A window of ``text`` around the densest cluster of query terms (the start when none is found)."""
+    if len(text) <= max_chars and "\n" not in text and "  " not in text:
+        return text, False
+    folded = normalize(text)
+    if len(folded) != len(text):
+        # NFKC/case folding changed lengths (ligatures, ß...): offsets map by proportion, close enough
+        # to centre a window, and the window is cut from the original text
+        ratio = len(text) / max(1, len(folded))
+    else:
+        ratio = 1.0
+    found = _matches(folded, query)
+    if not found:
+        return compact(text, max_chars)
+    # the window of max_chars holding the most distinct units (earliest on ties)
+    best, best_start = -1, 0
+    counts: dict[int, int] = {}
+    j = 0
+    for i, (start, _end, unit) in enumerate(found):
+        counts[unit] = counts.get(unit, 0) + 1
+        while found[j][1] - start > max_chars or start - found[j][0] > max_chars:
+            u = found[j][2]
+            counts[u] -= 1
+            if not counts[u]:
+                del counts[u]
+            j += 1
+        if len(counts) > best:
+            best, best_start = len(counts), found[j][0]
+    lead = max_chars // 5
+    start = max(0, int(best_start * ratio) - lead)
+    if start:
+        space = text.rfind(" ", max(0, start - 20), start + 1)
+        start = space + 1 if space >= 0 else start
+    raw = text[start: start + max_chars * 4 + 64]
+    flat = _WS.sub(" ", raw).strip()
+    body = flat[:max_chars]
+    more = len(flat) > max_chars or start + len(raw) < len(text)
+    if more:
+        space = body.rfind(" ")
+        if space > max_chars * 2 // 3:
+            body = body[:space]
+    out = (ELLIPSIS if start else "") + body.strip() + (ELLIPSIS if more else "")
+    return out, bool(start) or more
