@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-spawn", action="store_true", help="never start a storage daemon (e.g. under supervisord)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds to wait for the daemon per attempt (default %(default)s)")
+    p.add_argument("--tools", choices=("memory", "history", "all"), default="all",
+                   help="which tools to serve: memory (the seven memory tools), history (the five read-only "
+                        "agent-history tools) or all twelve (default)")
     p.add_argument("--http", action="store_true", help="serve MCP streamable HTTP at /mcp instead of stdio")
     p.add_argument("--host", default=DEFAULT_HTTP_HOST, help="HTTP bind address (default %(default)s)")
     p.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT, help="HTTP port (default %(default)s)")
@@ -97,7 +100,7 @@ async def _run(args: argparse.Namespace) -> None:
     endpoint = args.endpoint or config.default_endpoint(data_dir)
     client = DaemonClient(endpoint, timeout=args.timeout, curve_server_key=args.curve_server_key)
     spawner = None if args.no_spawn else Spawner(client, data_dir, endpoint)
-    server = build_server(Backend(client, spawner))
+    server = build_server(Backend(client, spawner), args.tools)
     try:
         async with anyio.create_task_group() as tg:
             if spawner is not None:

@@ -64,14 +64,14 @@ def _encode_problem(value: Any) -> str:
 
 
 def encode_or_error(op: str, args: dict[str, Any], request_id: str,
-                    known: frozenset[str] = frozenset()) -> bytes | dict[str, Any]:
+                    known: frozenset[str] = frozenset(), context: dict[str, Any] | None = None) -> bytes | dict[str, Any]:
     """The request frame, or a VALIDATION_ERROR reply when the arguments cannot be encoded.
 
     ``known`` are the argument names that may be quoted in a message (the tool's own parameters);
     any other name is untrusted input and is not echoed.
     """
     try:
-        frame = encode_request(op, args, request_id)
+        frame = encode_request(op, args, request_id, context)
     except Exception:
         for key, value in args.items():
             problem = _encode_problem(value)
@@ -120,11 +120,11 @@ class DaemonClient:
 
     async def request(self, op: str, args: dict[str, Any], request_id: str | None = None, *,
                       timeout: float | None = None, attempts: int | None = None,
-                      known: frozenset[str] = frozenset()) -> dict[str, Any]:
+                      known: frozenset[str] = frozenset(), context: dict[str, Any] | None = None) -> dict[str, Any]:
         """Send one request; return the daemon's reply map or a contract error. Never raises (except
         cancellation)."""
         rid = request_id or new_request_id()
-        frame = encode_or_error(op, args, rid, known)
+        frame = encode_or_error(op, args, rid, known, context)
         if isinstance(frame, dict):
             return frame
         timeout = self.timeout if timeout is None else timeout

@@ -1,15 +1,18 @@
 """The MCP server: tools/list from ``tools``, tools/call forwarded to the storage daemon.
 
 The front-end holds no memory data and re-validates nothing: the daemon validates every argument
-(``protocol.validation``) and its reply is the tool's result object. This module only turns that
-object into an MCP result (JSON text + structuredContent, isError iff status is ERROR), and makes
-sure that every failure of its own also comes back in the contract's error shape.
+(``protocol``) and its reply is the tool's result. This module only turns that into an MCP result —
+for the memory tools the contract's JSON as text and as structuredContent (isError iff status is
+ERROR); for the history tools the interface's envelope as structuredContent with a short text
+summary — and makes sure every failure of its own also comes back in its family's error shape.
+For file_attention it adds what only a process on the client's side knows: where it was launched.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -17,14 +20,17 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 
+from ingest.workspace import launch_context
 from protocol import errors as E
+from protocol import history as H
 from protocol import limits as L
-from protocol.wire import REBUILDING, TOOLS
+from protocol.wire import HISTORY_TOOLS, REBUILDING
 
 from . import __version__
+from . import history_tools as HT
 from .client import DaemonClient, is_unavailable, new_request_id
 from .spawn import Spawner
-from .tools import INPUT_SCHEMAS, TOOL_LIST
+from .tools import FAMILIES, FAMILY_DEFAULT, INPUT_SCHEMAS, tool_list
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +38,26 @@ REBUILD_POLL_S = 0.05
 REBUILD_MAX_S = 30 * 60.0
 INTERNAL_MESSAGE = "internal error in the MCP front-end"
 
-INSTRUCTIONS = (
-    "convmem is a durable conversation memory shared by every MCP host on this machine. Remember with "
-    "write_message (metadata_json classifies: tags, memory_kind, importance, summary, relations). Recall "
-    "narrow-to-wide: search_messages first, then read_messages view='context' around a hit or "
-    "view='content' for a long message; view='history' and view='sessions' browse. Results are JSON; "
-    "errors are {status:ERROR, error:{code, message}}, BUSY ones with retry_after_ms."
-)
+INSTRUCTIONS = {
+    "memory": (
+        "convmem is a durable conversation memory shared by every MCP host on this machine. Remember with "
+        "write_message (metadata_json classifies: tags, memory_kind, importance, summary, relations). Recall "
+        "narrow-to-wide: search_messages first, then read_messages view='context' around a hit or "
+        "view='content' for a long message; view='history' and view='sessions' browse. Results are JSON; "
+        "errors are {status:ERROR, error:{code, message}}, BUSY ones with retry_after_ms."),
+    "history": (
+        "convmem keeps the history of agent sessions (Claude Code, Codex, Gemini CLI transcripts, tool calls and "
+        "outputs included, and every message written to memory) as sessions -> turns -> events. Navigate it "
+        "narrow-to-wide: search_sessions returns short snippets with open handles; open an event id for the exact "
+        "text, a turn or session id for a bounded summary (add limit to page through it); list_sessions browses by "
+        "time; file_attention finds every session that touched a file; get_ingest_status says whether ingestion "
+        "is complete. Pass ids back exactly as returned."),
+}
+INSTRUCTIONS["all"] = (
+    INSTRUCTIONS["memory"] + " " + INSTRUCTIONS["history"] + " Which family: write, update and delete memories, "
+    "and recall what was explicitly remembered, with the memory tools; find what happened in past agent sessions "
+    "(what was asked, decided, run, printed, which files were touched) with the history tools, which return "
+    "pointers instead of whole messages.")
 
 
 class Backend:
@@ -51,17 +70,39 @@ class Backend:
         self.rebuild_max_s = rebuild_max_s
 
     async def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The tool's result: the memory contract's reply, or a history envelope."""
+        t0 = time.perf_counter()
         if self.spawner is not None:
             await self.spawner.ensure()
         known = frozenset(INPUT_SCHEMAS[name]["properties"])
         rid = new_request_id()
         if name == "rebuild_index":
             reply = await self._rebuild(arguments, rid, known)
+        elif name in HISTORY_TOOLS:
+            context = None
+            if name in H.LAUNCH_CONTEXT_TOOLS:
+                context = await asyncio.to_thread(self._launch_context, arguments)
+            reply = await self.client.request(name, arguments, rid, known=known, context=context)
         else:
             reply = await self.client.request(name, arguments, rid, known=known)
         if self.spawner is not None and is_unavailable(reply):
             self.spawner.invalidate()
+        if name in HISTORY_TOOLS:
+            return HT.envelope(name, arguments, reply, (time.perf_counter() - t0) * 1000)
         return reply
+
+    @staticmethod
+    def _launch_context(arguments: Any) -> dict[str, Any] | None:
+        """Where this front-end was launched and what the requested path is relative to it (None when
+        the path is not a usable string: the daemon's validation then says why)."""
+        path = arguments.get("path") if isinstance(arguments, dict) else None
+        if not isinstance(path, str) or not path.strip() or path != path.strip() or "\x00" in path \
+                or len(path) > H.PATH_MAX_BYTES:
+            return None
+        try:
+            return launch_context(path, os.getcwd())
+        except (OSError, ValueError):
+            return None
 
     async def _rebuild(self, arguments: dict[str, Any], rid: str, known: frozenset[str]) -> dict[str, Any]:
         """rebuild_index answers REBUILDING at once; poll rebuild_status until the final figures."""
@@ -92,32 +133,42 @@ def _is_not_found(reply: dict[str, Any]) -> bool:
     return E.is_error_reply(reply) and isinstance(err, dict) and err.get("code") == E.NOT_FOUND
 
 
-def to_result(reply: Any) -> types.CallToolResult:
-    """The contract's result object as an MCP tool result: JSON text + the same structuredContent."""
+def to_result(reply: Any, name: str | None = None) -> types.CallToolResult:
+    """A tool's result object as an MCP tool result. Memory tools: the contract's JSON as text and the
+    same object as structuredContent. History tools: the envelope, with a short text summary."""
+    history = name in HISTORY_TOOLS
     try:
         if not isinstance(reply, dict):
             raise TypeError("reply is not an object")
-        text = json.dumps(reply, ensure_ascii=False, allow_nan=False)
+        json.dumps(reply, ensure_ascii=False, allow_nan=False)  # serialisable, or an internal error
+        text = HT.render_text(reply) if history else json.dumps(reply, ensure_ascii=False, allow_nan=False)
     except Exception:
         log.exception("could not serialise a tool result")
         reply = E.error_reply(E.INTERNAL_ERROR, INTERNAL_MESSAGE)
-        text = json.dumps(reply, ensure_ascii=False)
+        if history:
+            reply = HT.envelope(name, {}, reply, 0.0)
+            text = HT.render_text(reply)
+        else:
+            text = json.dumps(reply, ensure_ascii=False)
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
         structured_content=reply,
-        is_error=reply.get("status") == "ERROR",
+        is_error=HT.is_error(reply) if history else reply.get("status") == "ERROR",
     )
 
 
-def build_server(backend: Backend) -> Server[Any]:
+def build_server(backend: Backend, family: str = FAMILY_DEFAULT) -> Server[Any]:
+    tools = tool_list(family)
+    names = frozenset(FAMILIES[family])
+
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
                          ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=TOOL_LIST)
+        return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
                         ) -> types.CallToolResult | types.ErrorData:
         name = params.name
-        if name not in TOOLS:
+        if name not in names:
             # Not a tool result: MCP says an unknown tool is a JSON-RPC error. The name is not echoed.
             return types.ErrorData(code=types.INVALID_PARAMS,
                                    message="Unknown tool; tools/list gives the available tools")
@@ -128,13 +179,15 @@ def build_server(backend: Backend) -> Server[Any]:
         except Exception:
             log.exception("tool %s failed in the front-end", name)
             reply = E.error_reply(E.INTERNAL_ERROR, INTERNAL_MESSAGE)
-        return to_result(reply)
+            if name in HISTORY_TOOLS:
+                reply = HT.envelope(name, params.arguments, reply, 0.0)
+        return to_result(reply, name)
 
     return Server(
         "convmem",
         version=__version__,
         title="convmem conversation memory",
-        instructions=INSTRUCTIONS,
+        instructions=INSTRUCTIONS[family],
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )

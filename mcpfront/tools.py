@@ -1,4 +1,7 @@
-"""The seven tools as MCP sees them: names, descriptions, input and output schemas, annotations.
+"""The tools as MCP sees them: names, descriptions, input and output schemas, annotations.
+
+Two families: the seven memory tools of the first interface (defined here) and the five read-only
+history tools (``history_tools``). ``tool_list`` serves either family or both (``--tools``).
 
 Everything numeric comes from ``protocol.limits``; nothing is restated here. The input schemas
 describe the contract for the caller (types, ranges, enums, defaults); the daemon's validation in
@@ -19,7 +22,9 @@ import mcp_types as types
 
 from protocol import limits as L
 from protocol.errors import ERROR_CODES
-from protocol.wire import TOOLS
+from protocol.wire import HISTORY_TOOLS, TOOLS
+
+from . import history_tools as HT
 
 # --- small schema builders -----------------------------------------------------------------------
 
@@ -408,12 +413,23 @@ ANNOTATIONS: dict[str, tuple[bool, bool, bool]] = {
     "get_system_health": (True, False, True),
 }
 
-assert set(INPUT_SCHEMAS) == set(OUTPUT_SCHEMAS) == set(DESCRIPTIONS) == set(ANNOTATIONS) == set(TOOLS)
+FAMILIES = {"memory": TOOLS, "history": HISTORY_TOOLS, "all": TOOLS + HISTORY_TOOLS}
+FAMILY_DEFAULT = "all"
+ALL_TOOLS = FAMILIES["all"]
+
+INPUT_SCHEMAS.update(HT.INPUT_SCHEMAS)
+OUTPUT_SCHEMAS.update(HT.OUTPUT_SCHEMAS)
+DESCRIPTIONS.update(HT.DESCRIPTIONS)
+TITLES.update(HT.TITLES)
+ANNOTATIONS.update(HT.ANNOTATIONS)
+
+assert set(INPUT_SCHEMAS) == set(OUTPUT_SCHEMAS) == set(DESCRIPTIONS) == set(ANNOTATIONS) == set(TITLES) \
+    == set(ALL_TOOLS)
 
 
-def tool_list() -> list[types.Tool]:
+def tool_list(family: str = FAMILY_DEFAULT) -> list[types.Tool]:
     out = []
-    for name in TOOLS:
+    for name in FAMILIES[family]:
         ro, destructive, idem = ANNOTATIONS[name]
         out.append(types.Tool(
             name=name,
@@ -426,6 +442,3 @@ def tool_list() -> list[types.Tool]:
                 open_world_hint=False),
         ))
     return out
-
-
-TOOL_LIST = tool_list()

@@ -91,7 +91,7 @@ FILES_PER_EVENT_MAX = 64
 CHECKPOINTS_PER_BATCH_MAX = 64
 SESSIONS_PER_BATCH_MAX = 1000
 CHECKPOINT_KEY_MAX_BYTES = 4096
-CHECKPOINT_VALUE_MAX_BYTES = 4096
+CHECKPOINT_VALUE_MAX_BYTES = 16 * L.KiB
 HEARTBEAT_SOURCES_MAX = 32
 # An open page or a listing is cut at this many bytes of JSON even before its limit, so that one call
 # stays far below what hosts accept as a tool result (the event itself is always served whole).

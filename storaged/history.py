@@ -105,12 +105,20 @@ class HistoryViews:
     def _has_preamble(s) -> bool:
         return bool(s.seqs) and (not s.turn_seqs or s.seqs[0] < s.turn_seqs[0])
 
+    def title(self, sid: str) -> str | None:
+        """An explicit title; a session written through the memory tools is named by its session_id."""
+        title = self.title(sid)
+        if title is None and self.harness(sid) == H.HARNESS_CONVMEM:
+            return sid
+        return title
+
     def display_label(self, sid: str) -> str:
-        """An explicit title; else the first Codex user message (first line, 120 characters); else the
-        title/summary/slug a transcript carried; else a descriptor made of metadata only."""
+        """An explicit title or name; else the first Codex user message (first line, 120 characters);
+        else the summary/slug a transcript carried; else a descriptor made of metadata only."""
         meta = self.meta(sid)
-        if meta.get("title"):
-            return meta["title"]
+        title = self.title(sid)
+        if title:
+            return title
         prompt = meta.get("first_prompt")
         if prompt and self.harness(sid) == H.HARNESS_CODEX:
             line = prompt.strip().split("\n", 1)[0].strip()
@@ -130,7 +138,7 @@ class HistoryViews:
         meta = self.meta(sid)
         out: dict[str, Any] = {
             "id": handles.session_id(self.key, sid),
-            "title": meta.get("title"),
+            "title": self.title(sid),
             "display_label": self.display_label(sid),
             "source": self.source(sid),
             "harness": self.harness(sid),
@@ -145,6 +153,7 @@ class HistoryViews:
                 "mode": self.mode(sid),
                 "session_slug": meta.get("slug"),
                 "session_summary": meta.get("summary"),
+                "memory_session_id": sid,  # the session_id of the memory tools (read_messages history)
             })
         return out
 
@@ -404,7 +413,7 @@ class HistoryViews:
                 "content_bytes": len(m.content.encode("utf-8")),
             },
             "content": self._content(m),
-            "session": {"id": sid_handle, "title": self.meta(s.sid).get("title"),
+            "session": {"id": sid_handle, "title": self.title(s.sid),
                         "display_label": self.display_label(s.sid), "source": self.source(s.sid),
                         "harness": self.harness(s.sid)},
             "turn": {"id": tid, "ordinal": index + 1, "completed": facts["completed"]},
@@ -482,7 +491,7 @@ class HistoryViews:
                      "completed": summary["completed"], "terminal_event_id": summary["terminal_event_id"],
                      "event_count": end - start, "started_at": summary["started_at"],
                      "updated_at": summary["updated_at"]},
-            "session": {"id": sid_handle, "title": self.meta(sid).get("title"), "display_label": self.display_label(sid),
+            "session": {"id": sid_handle, "title": self.title(sid), "display_label": self.display_label(sid),
                         "source": self.source(sid), "harness": self.harness(sid)},
             "summary": {"user_input": summary["user_input"], "final_response": summary["final_response"],
                         "tools_called": summary["tools_called"], "event_types": summary["event_types"]},
@@ -748,7 +757,7 @@ class HistoryViews:
                 _index, start, _end = self.turn_of(latest)
                 sid_handle = handles.session_id(key, sid)
                 rows.append({"rank": len(rows) + 1, "id": sid_handle, "session": {
-                    "harness": self.harness(sid), "source": self.source(sid), "title": self.meta(sid).get("title"),
+                    "harness": self.harness(sid), "source": self.source(sid), "title": self.title(sid),
                     "display_label": self.display_label(sid), "touch_count": g["count"],
                     "tools": sorted(g["tools"]), "ops": sorted(g["ops"]),
                     "first_touch": iso_ms(g["first"].timestamp), "last_touch": iso_ms(latest.timestamp),

@@ -137,8 +137,10 @@ class IngestState:
         state, reason, _ = self.coverage()
         cond("coverage", state, reason)
         if hb is None:
-            cond("freshness", "unknown", "no_heartbeat_since_daemon_start" if self.checkpoints
-                 else "no_ingest_sources")
+            if self.checkpoints:
+                cond("freshness", "unknown", "no_heartbeat_since_daemon_start")
+            else:
+                cond("freshness", "true", "no_ingest_sources")
         elif stale:
             cond("freshness", "false", "ingester_heartbeat_stale")
         elif any(s["bytes_completed"] < s["bytes_total"] for s in hb["sources"]):
