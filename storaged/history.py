@@ -107,7 +107,7 @@ class HistoryViews:
 
     def title(self, sid: str) -> str | None:
         """An explicit title; a session written through the memory tools is named by its session_id."""
-        title = self.title(sid)
+        title = self.meta(sid).get("title")
         if title is None and self.harness(sid) == H.HARNESS_CONVMEM:
             return sid
         return title
