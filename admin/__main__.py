@@ -25,7 +25,8 @@ from protocol import limits as L
 from protocol import wire
 from protocol.config import default_data_dir, default_endpoint
 
-from . import transcripts
+from ingest.service import HARNESSES, DaemonError, Ingester, Totals
+
 from .progress import Progress
 
 PAGE = 1000
@@ -52,9 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     i = sub.add_parser("import", help="import JSON Lines written by export (idempotent)")
     i.add_argument("file", help="file to read ('-' for stdin)")
     t = sub.add_parser("import-transcripts", help="import agent session transcripts (only what is new)")
-    t.add_argument("harness", choices=transcripts.HARNESSES)
+    t.add_argument("harness", choices=HARNESSES)
     t.add_argument("paths", nargs="*", help="files or directories (default: the harness's own location)")
-    t.add_argument("--checkpoints", help="checkpoint file (default: $XDG_STATE_HOME/convmem/transcripts.json)")
     t.add_argument("--watch", action="store_true", help="keep importing new lines until interrupted")
     t.add_argument("--interval", type=float, default=5.0, help="seconds between --watch scans")
     h = sub.add_parser("health", help="a readable summary of get_system_health")
@@ -68,11 +68,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"unrecognized arguments: {' '.join(extra)}")
         args.paths = [*args.paths, *extra]
     return args
-
-
-def default_checkpoints() -> str:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "convmem", "transcripts.json")
 
 
 class Admin:
@@ -201,11 +196,10 @@ class Admin:
         return {"imported": imported, "existing": existing, "malformed_lines": len(bad),
                 "first_malformed": bad[:10]}
 
-    async def import_transcripts(self, harness: str, paths: list[str], cp_path: str, watch: bool,
+    async def import_transcripts(self, harness: str, paths: list[str], watch: bool,
                                  interval: float) -> dict[str, Any]:
-        cps = transcripts.Checkpoints(cp_path)
-        totals = {"files": 0, "lines": 0, "messages": 0, "imported": 0, "existing": 0, "malformed": 0}
-        malformed_where: list[str] = []
+        """The ingester (``convmem-ingest``) for one harness, once or following the files; its
+        checkpoints live in the store, so a re-run reads only what is new."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -213,38 +207,27 @@ class Admin:
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):
                 pass
-        seen_files: set[str] = set()
-        while True:
-            files = list(transcripts.iter_files(harness, paths or transcripts.default_paths(harness)))
-            progress = Progress(f"{harness} messages")
-            for path in files:
-                try:
-                    res, cp = transcripts.read_new(harness, path, cps.get(harness, path))
-                except OSError as exc:
-                    malformed_where.append(f"{path}: unreadable ({exc.strerror})")
-                    continue
-                imported, existing = await self.import_messages(res.messages, progress)
-                cps.put(harness, path, cp)
-                cps.save()
-                seen_files.add(os.path.abspath(path))
-                totals["files"] = len(seen_files)
-                totals["lines"] += res.lines
-                totals["messages"] += len(res.messages)
-                totals["imported"] += imported
-                totals["existing"] += existing
-                totals["malformed"] += res.malformed
-                if res.malformed:
-                    malformed_where.append(f"{path}: lines {res.malformed_lines}")
+        progress = Progress(f"{harness} events")
+
+        async def request(op: str, args: dict[str, Any]) -> dict[str, Any]:
+            if self.backend.spawner is not None:
+                await self.backend.spawner.ensure()
+            return await self.client.request(op, args)
+
+        ingester = Ingester(request, (harness,), paths=[os.path.abspath(p) for p in paths] or None,
+                            interval=interval, progress=progress.advance, stop=stop)
+        totals = Totals()
+        if not paths:
+            missing = [d for d in ingester.default_locations(harness) if not os.path.isdir(d)]
+            if missing and len(missing) == len(ingester.default_locations(harness)):
+                print(f"convmem: no {harness} transcripts here (looked in {', '.join(missing)})", file=sys.stderr)
+        try:
+            await ingester.run(watch, totals)
+        except DaemonError as exc:
+            raise Failed(str(exc)) from None
+        finally:
             progress.done()
-            if not watch or stop.is_set():
-                break
-            try:
-                await asyncio.wait_for(stop.wait(), interval)
-                break
-            except asyncio.TimeoutError:
-                pass
-        totals["malformed_at"] = malformed_where[:20]
-        return totals
+        return totals.report()
 
 
 class _History:
@@ -323,8 +306,7 @@ async def run(args: argparse.Namespace) -> int:
             with stream:
                 print(json.dumps(await admin.import_file(stream)))
         elif args.command == "import-transcripts":
-            print(json.dumps(await admin.import_transcripts(
-                args.harness, args.paths, args.checkpoints or default_checkpoints(), args.watch, args.interval)))
+            print(json.dumps(await admin.import_transcripts(args.harness, args.paths, args.watch, args.interval)))
         elif args.command == "health":
             h = await admin.call("get_system_health", {})
             print(json.dumps(h, indent=2)) if args.json else print_health(h)

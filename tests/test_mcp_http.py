@@ -77,7 +77,7 @@ def listening_addresses(port: int) -> set[str]:
 async def test_tools_over_http(http_port: int) -> None:
     async with Client(f"http://127.0.0.1:{http_port}/mcp") as c:
         names = [t.name for t in (await c.list_tools()).tools]
-        assert "write_message" in names and len(names) == 7
+        assert "write_message" in names and "search_sessions" in names and len(names) == 12
         w = await call(c, "write_message", {"session_id": "web", "role": "user",
                                             "content": "HTTP transport works; 検索もできる"})
         assert w["status"] == "OK"

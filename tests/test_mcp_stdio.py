@@ -23,7 +23,7 @@ from mcp_fixtures import (  # noqa: F401  (fixtures)
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from protocol import limits as L
-from protocol.wire import TOOLS
+from protocol.wire import HISTORY_TOOLS, TOOLS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -52,7 +52,7 @@ async def test_tools_list_without_daemon(data_dir: Path, home: Path) -> None:
     assert time.monotonic() - t0 < 20  # a cold Python start plus two round trips; no daemon timeout in it
     assert daemon_pids(data_dir) == []
     by_name = {t.name: t for t in tools}
-    assert list(by_name) == list(TOOLS)
+    assert list(by_name) == list(TOOLS) + list(HISTORY_TOOLS)  # every family by default
     for t in tools:
         assert t.description and len(t.description) > 150, t.name
         s = t.input_schema
@@ -309,7 +309,7 @@ def test_stdout_is_only_protocol(daemon: Daemon, data_dir: Path, home: Path, pro
                                      "clientInfo": {"name": "raw", "version": "0"}})
     assert init["result"]["serverInfo"]["name"] == "convmem"
     _send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
-    assert len(request(2, "tools/list", {})["result"]["tools"]) == len(TOOLS)
+    assert len(request(2, "tools/list", {})["result"]["tools"]) == len(TOOLS) + len(HISTORY_TOOLS)
     ok = request(3, "tools/call", {"name": "write_message",
                                    "arguments": {"session_id": "s", "role": "user", "content": "hi"}})
     assert ok["result"]["isError"] is False and ok["result"]["structuredContent"]["status"] == "OK"
