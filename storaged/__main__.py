@@ -145,7 +145,15 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
 
     server.on_loaded = loaded
     LOG.info("listening on %s; opening the store (requests are answered 'loading' until it is open)", endpoint)
-    server.load_in_background(lambda: Store.open(data_dir))
+    # a fault-injection seam for tests: a store that takes this long to open (as a large one does)
+    delay = float(os.environ.get("CONVMEM_FAULT_LOAD_DELAY_S") or 0)
+
+    def open_store() -> Store:
+        if delay > 0:
+            time.sleep(delay)
+        return Store.open(data_dir)
+
+    server.load_in_background(open_store)
     try:
         server.serve()
     finally:
