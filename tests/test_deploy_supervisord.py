@@ -1,5 +1,9 @@
 """Ship it: the repository's own ``supervisord.conf`` runs the service, and survives a daemon kill.
 
+It also runs the transcript ingester: a Claude Code transcript placed in the temp HOME before the
+start is searchable through the HTTP front-end, a line appended after the daemon was killed and
+restarted shows up too, and ``get_ingest_status`` reports the ingester healthy.
+
 supervisord (from the ``supervisor`` package) runs a copy of ``supervisord.conf`` in a temp dir (so
 ``%(here)s`` and ``var/`` are there), with a temp data dir, a free HTTP port and a temp HOME. The
 test writes through the HTTP front-end with the SDK's client, SIGKILLs the daemon, watches
@@ -34,6 +38,24 @@ CONF = ROOT / "supervisord.conf"
 BIN_DIR = os.path.dirname(sys.executable)
 N_MESSAGES = 20
 SESSION = "deploy"
+CC_SESSION = "9a8b7c6d-0000-4000-8000-000000000001"
+
+
+def _claude_line(uuid: str, text: str) -> str:
+    import json
+
+    return json.dumps({"type": "user", "uuid": uuid, "sessionId": CC_SESSION, "cwd": "/srv/app",
+                       "timestamp": "2026-11-30T10:00:00.000Z", "message": {"role": "user", "content": text}})
+
+
+async def _found(url: str, query: str) -> bool:
+    try:
+        with anyio.fail_after(10):
+            async with Client(url) as c:
+                r = await c.call_tool("search_sessions", {"query": query})
+    except Exception:
+        return False
+    return not r.is_error and r.structured_content["data"]["result_count"] > 0
 
 
 def _tool(name: str, module: str) -> list[str]:
@@ -74,6 +96,9 @@ class Supervisor:
         self.data_dir = base / "data"
         self.home = base / "home"
         self.home.mkdir()
+        self.transcript = self.home / ".claude" / "projects" / "-srv-app" / f"{CC_SESSION}.jsonl"
+        self.transcript.parent.mkdir(parents=True)
+        self.transcript.write_text(_claude_line("u1", "why does the deploy fail with tokendeployzq?") + "\n")
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONVMEM_")}
         env.update({
@@ -124,7 +149,8 @@ class Supervisor:
 
     def logs(self) -> str:
         out = []
-        for name in ("supervisord.out", "var/supervisord.log", "var/storaged.log", "var/mcp-http.log"):
+        for name in ("supervisord.out", "var/supervisord.log", "var/storaged.log", "var/mcp-http.log",
+                     "var/ingest.log"):
             p = self.base / name
             if p.exists():
                 out.append(f"--- {name}\n{p.read_text(errors='replace')[-3000:]}")
@@ -203,7 +229,10 @@ async def test_supervisord_restarts_killed_daemon_and_nothing_is_lost(supervisor
         await _poll("the HTTP front-end to answer MCP", lambda: _health_over_http(sv.url), 30, 0.1)
         storaged_pid = sv.pid_of("storaged")
         http_pid = sv.pid_of("mcp-http")
-        assert storaged_pid > 0 and http_pid > 0, sv.ctl("status").stdout
+        ingest_pid = sv.pid_of("ingest")
+        assert storaged_pid > 0 and http_pid > 0 and ingest_pid > 0, sv.ctl("status").stdout
+        # the ingester found the transcript in HOME
+        await _poll("the transcript to be ingested", lambda: _found(sv.url, "tokendeployzq"), 30, 0.2)
         assert int((sv.data_dir / "run" / "storaged.pid").read_text().strip()) == storaged_pid
         assert (sv.base / "var" / "supervisor.sock").exists()
         assert not (sv.base / "var" / "data").exists(), "CONVMEM_DATA_DIR was not honoured"
@@ -246,6 +275,14 @@ async def test_supervisord_restarts_killed_daemon_and_nothing_is_lost(supervisor
             # The front-end recovered on its own: supervisord did not have to restart it.
             assert sv.pid_of("mcp-http") == http_pid
             assert "RUNNING" in sv.status("mcp-http")
+            # ... and so did the ingester: a line appended now is ingested by the same process
+            with open(sv.transcript, "a") as f:
+                f.write(_claude_line("u2", "and after the restart tokenlaterzq?") + "\n")
+            await _poll("the appended line to be ingested", lambda: _found(sv.url, "tokenlaterzq"), 30, 0.2)
+            assert sv.pid_of("ingest") == ingest_pid
+            status = await c.call_tool("get_ingest_status", {})
+            conds = {x["condition_type"]: x for x in status.structured_content["data"]["conditions"]}
+            assert conds["health"]["state"] == "true" and conds["readiness"]["state"] == "true", conds
 
             # Every acknowledged write is there, in order, once.
             hist = await _history(c, SESSION)
@@ -262,11 +299,12 @@ async def test_supervisord_restarts_killed_daemon_and_nothing_is_lost(supervisor
         r = sv.ctl("shutdown")
         assert r.returncode == 0, r.stdout + r.stderr
         assert sv.proc.wait(60) == 0
-        started = sv.seen | {storaged_pid, new_pid, http_pid}
+        started = sv.seen | {storaged_pid, new_pid, http_pid, ingest_pid}
         await _poll("every process supervisord started to be gone",
                     lambda: not [p for p in started if _alive(p)] and not _pids_mentioning(str(sv.base)), 15)
         assert not (sv.data_dir / "run" / "storaged.pid").exists()  # a clean stop removes it
-        assert "stopped: storaged (exit status 0)" in (sv.base / "var" / "supervisord.log").read_text()
+        log = (sv.base / "var" / "supervisord.log").read_text()
+        assert "stopped: storaged (exit status 0)" in log and "stopped: ingest (exit status 0)" in log
         assert time.monotonic() - t0 < 60
     except BaseException:
         print(sv.logs(), file=sys.stderr)
