@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import heapq
 import json
 import os
 import re
 import signal
 import sys
-from collections import deque
 from typing import Any, BinaryIO, TextIO
 
 from mcpfront.client import DEFAULT_TIMEOUT_S, DaemonClient, read_curve_server_key
@@ -30,8 +28,6 @@ from ingest.service import HARNESSES, DaemonError, Ingester, Totals
 from .progress import Progress
 
 PAGE = 1000
-MERGE_BUFFER = 50_000      # messages the export's merge may hold across all sessions' pages
-MERGE_PAGE_MIN = 20
 BATCH_ENVELOPE_BYTES = 64 * 1024  # op, request id, the args map, msgpack headers: far less than this
 
 
@@ -80,17 +76,18 @@ class Admin:
         self.backend = Backend(self.client, spawner)
 
     async def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        reply = await self.backend.call(op, args) if op != "import_messages" else await self._import(args)
+        # the tools go through the front-end's backend (rebuild polling...); admin ops straight to the daemon
+        reply = await self.backend.call(op, args) if op in wire.TOOLS else await self._direct(op, args)
         if reply.get("status") == "ERROR":
             err = reply.get("error") or {}
             raise Failed(f"{op}: {err.get('code')}: {err.get('message')}")
         return reply
 
-    async def _import(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def _direct(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         if self.backend.spawner is not None:
             await self.backend.spawner.ensure()
         while True:
-            reply = await self.client.request("import_messages", args)
+            reply = await self.client.request(op, args)
             err = reply.get("error") if reply.get("status") == "ERROR" else None
             if err and err.get("code") == "BUSY" and "unavailable" not in str(err.get("message")):
                 await asyncio.sleep(err.get("retry_after_ms", 250) / 1000)  # a rebuild: wait it out
@@ -99,45 +96,30 @@ class Admin:
 
     # -- export -----------------------------------------------------------------------------------
     async def export(self, out: TextIO, session: str | None) -> int:
-        """Every message in the store's creation order, as far as it can be seen from outside: each
-        session's history in its own order, sessions interleaved by message id (the daemon's ids
-        rise with creation). An import of the file then recreates the same creation order, which
-        search uses to break ties between equal scores."""
+        """Every message in the store's creation order with every field — the event facts of agent
+        history included — and, just before a session's first message, a ``{"session": {...}}`` line
+        with its metadata. An import of the file recreates the store, creation order and all."""
         total = None if session else (await self.call("get_system_health", {}))["active_messages"]
         progress = Progress("exported", total)
-        sessions = [session] if session else [s async for s in self._sessions()]
-        page = max(MERGE_PAGE_MIN, min(PAGE, MERGE_BUFFER // max(1, len(sessions))))
-        pending = [_History(sid) for sid in sessions]
-        heap: list[tuple[str, int]] = []
-        for i, h in enumerate(pending):
-            if await h.fill(self, page):
-                heap.append((h.head_id(), i))
-        heapq.heapify(heap)
-        while heap:
-            _, i = heap[0]
-            h = pending[i]
-            out.write(json.dumps(h.buffer.popleft(), ensure_ascii=False) + "\n")
-            progress.advance()
-            if h.buffer or await h.fill(self, page):
-                heapq.heapreplace(heap, (h.head_id(), i))
-            else:
-                heapq.heappop(heap)
+        after = 0
+        while True:
+            args: dict[str, Any] = {"after_seq": after, "limit": PAGE}
+            if session is not None:
+                args["session_id"] = session
+            page = await self.call("export_messages", args)
+            metas = {m["session_id"]: m for m in page["sessions"]}
+            for msg in page["messages"]:
+                meta = metas.pop(msg["session_id"], None)
+                if meta is not None:
+                    out.write(json.dumps({"session": meta}, ensure_ascii=False) + "\n")
+                out.write(json.dumps(msg, ensure_ascii=False) + "\n")
+                progress.advance()
+            if page["next_after"] is None:
+                break
+            after = page["next_after"]
         out.flush()
         progress.done()
         return progress.count
-
-    async def _sessions(self):
-        cursor = None
-        while True:
-            args: dict[str, Any] = {"view": "sessions", "limit": PAGE}
-            if cursor:
-                args["cursor"] = cursor
-            page = await self.call("read_messages", args)
-            for s in page["sessions"]:
-                yield s["session_id"]
-            cursor = page.get("nextCursor")
-            if not cursor:
-                return
 
     # -- import -----------------------------------------------------------------------------------
     async def import_messages(self, messages, progress: Progress) -> tuple[int, int]:
@@ -146,33 +128,42 @@ class Admin:
         "line 12") then replaces the batch position in a VALIDATION_ERROR."""
         imported = existing = 0
         batch: list[dict[str, Any]] = []
-        origins: list[str | None] = []
+        sessions: list[dict[str, Any]] = []
+        origins: dict[str, list[str | None]] = {"messages": [], "sessions": []}
         size = 0
         budget = L.MAX_REQUEST_BYTES - BATCH_ENVELOPE_BYTES
 
         async def flush() -> None:
-            nonlocal imported, existing, batch, origins, size
-            if batch:
+            nonlocal imported, existing, batch, sessions, origins, size
+            if batch or sessions:
                 try:
-                    r = await self.call("import_messages", {"messages": batch})
+                    r = await self.call("import_messages", {"messages": batch, "sessions": sessions})
                 except Failed as exc:
                     raise Failed(_name_origin(str(exc), origins)) from None
                 imported += r["imported"]
                 existing += r["existing"]
                 progress.advance(len(batch))
-                batch, origins, size = [], [], 0
+                batch, sessions, size = [], [], 0
+                origins = {"messages": [], "sessions": []}
 
         for item in messages:
             where, msg = item if isinstance(item, tuple) else (None, item)
+            # {"session": {...}}: a session's metadata, written by export before its first message
+            meta = msg.get("session") if isinstance(msg, dict) and set(msg) == {"session"} else None
             try:
                 n = len(wire.encode(msg)) + 16
             except Exception:  # nothing the daemon could read
                 raise Failed(f"import_messages: {E.VALIDATION_ERROR}: {where or 'a message'}: cannot be encoded "
                              "(lone surrogates, integers beyond 64 bits or too deep nesting)") from None
-            if batch and (len(batch) >= L.IMPORT_BATCH_MAX or size + n > budget):
+            if (batch or sessions) and (len(batch) >= L.IMPORT_BATCH_MAX or len(sessions) >= L.IMPORT_BATCH_MAX
+                                        or size + n > budget):
                 await flush()
-            batch.append(msg)
-            origins.append(where)
+            if meta is not None:
+                sessions.append(meta)
+                origins["sessions"].append(where)
+            else:
+                batch.append(msg)
+                origins["messages"].append(where)
             size += n
         await flush()
         return imported, existing
@@ -221,6 +212,9 @@ class Admin:
             missing = [d for d in ingester.default_locations(harness) if not os.path.isdir(d)]
             if missing and len(missing) == len(ingester.default_locations(harness)):
                 print(f"convmem: no {harness} transcripts here (looked in {', '.join(missing)})", file=sys.stderr)
+        for p in paths:
+            if not os.path.exists(p):
+                print(f"convmem: {p}: no such file or directory (nothing imported from it)", file=sys.stderr)
         try:
             await ingester.run(watch, totals)
         except DaemonError as exc:
@@ -230,39 +224,15 @@ class Admin:
         return totals.report()
 
 
-class _History:
-    """One session's history, read page by page as the export's merge consumes it."""
-
-    def __init__(self, sid: str) -> None:
-        self.sid = sid
-        self.buffer: deque[dict[str, Any]] = deque()
-        self.cursor: str | None = None
-        self.done = False
-
-    def head_id(self) -> str:
-        return self.buffer[0]["message_id"]
-
-    async def fill(self, admin: Admin, limit: int) -> bool:
-        """Read the next page if the buffer is empty; True if there is a message to take."""
-        while not self.buffer and not self.done:
-            args: dict[str, Any] = {"view": "history", "session_id": self.sid, "limit": limit}
-            if self.cursor:
-                args["cursor"] = self.cursor
-            page = await admin.call("read_messages", args)
-            self.buffer.extend(page["history"])
-            self.cursor = page.get("nextCursor")
-            self.done = not self.cursor
-        return bool(self.buffer)
+_BATCH_POSITION = re.compile(r"(messages|sessions)\[(\d+)\]")
 
 
-_BATCH_POSITION = re.compile(r"messages\[(\d+)\]")
-
-
-def _name_origin(text: str, origins: list[str | None]) -> str:
-    """``messages[3].role ...`` -> ``line 12: role ...`` when the batch's messages have origins."""
+def _name_origin(text: str, origins: dict[str, list[str | None]]) -> str:
+    """``messages[3].role ...`` -> ``line 12: message.role ...`` when the batch's items have origins."""
     def sub(m: re.Match[str]) -> str:
-        i = int(m.group(1))
-        return f"{origins[i]}: message" if i < len(origins) and origins[i] else m.group(0)
+        kind, i = m.group(1), int(m.group(2))
+        where = origins.get(kind, [])
+        return f"{where[i]}: {kind[:-1]}" if i < len(where) and where[i] else m.group(0)
     return _BATCH_POSITION.sub(sub, text)
 
 

@@ -463,6 +463,17 @@ def _imported_message(m: Any, i: int) -> dict[str, Any]:
     return out
 
 
+def validate_export_messages(raw: Any) -> dict[str, Any]:
+    """A page of the store in creation order, every field (event facts and session metadata too):
+    what ``convmem export`` writes, so that an import recreates the store, not only its text."""
+    a = _Args(raw, "export_messages")
+    return a.done({
+        "after_seq": a.get("after_seq", lambda v: check_int(v, "after_seq", 0, 2**62), 0),
+        "limit": a.get("limit", lambda v: check_int(v, "limit", 1, L.IMPORT_BATCH_MAX), L.IMPORT_BATCH_MAX),
+        "session_id": a.get("session_id", _session_id, None),
+    })
+
+
 def validate_no_args(tool: str) -> Callable[[Any], dict[str, Any]]:
     def check(raw: Any) -> dict[str, Any]:
         return _Args(raw, tool).done({})
@@ -485,6 +496,7 @@ VALIDATORS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "ping": validate_no_args("ping"),
     "rebuild_status": validate_rebuild_status,
     "import_messages": validate_import_messages,
+    "export_messages": validate_export_messages,
 }
 
 

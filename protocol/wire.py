@@ -23,9 +23,10 @@ TOOLS = (
 # The second interface (agent history): five read-only tools, their own envelope and codes.
 HISTORY_TOOLS = H.HISTORY_TOOLS
 # Daemon-only ops: a liveness probe and the poll that tells a rebuild's requester how it ended.
-# import_messages is the admin tool's batch write (export/import, agent transcripts); the ingest ops
+# import_messages / export_messages are the admin tool's batch write and full read (export/import, agent
+# transcripts); the ingest ops
 # are how transcript ingesters report progress and read back where they stopped.
-OPS = frozenset(TOOLS) | frozenset(HISTORY_TOOLS) | {"ping", "rebuild_status", "import_messages",
+OPS = frozenset(TOOLS) | frozenset(HISTORY_TOOLS) | {"ping", "rebuild_status", "import_messages", "export_messages",
                                                      "ingest_heartbeat", "ingest_checkpoints"}
 MUTATING_OPS = frozenset({"write_message", "update_message", "delete_message", "rebuild_index", "import_messages"})
 READ_ONLY_TOOLS = frozenset({"read_messages", "search_messages", "get_system_health", *HISTORY_TOOLS})

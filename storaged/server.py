@@ -110,6 +110,7 @@ class Server:
             "rebuild_index": self._rebuild_index,
             "rebuild_status": self._rebuild_status,
             "import_messages": lambda a, rid: store.import_messages(a, rid),
+            "export_messages": lambda a, rid: views.export_messages(store, a),
             "ingest_heartbeat": self._ingest_heartbeat,
             "ingest_checkpoints": lambda a, rid: {"status": "OK",
                                                   "checkpoints": store.ingest.of_source(a["source"])},

@@ -340,3 +340,46 @@ def _preview_msgs(store: Store, preview: dict[str, list[dict[str, Any]]]):
     for side in ("before", "after"):
         for d in preview[side]:
             yield store.by_id[d["message_id"]]
+
+
+# -- export (the admin tool's full read) --------------------------------------------------------------
+def export_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+    """Messages after ``after_seq`` in creation order with every field; a session's metadata travels
+    just before its first message, so a file written page by page can be imported line by line."""
+    by_seq = store.by_seq
+    out: list[dict[str, Any]] = []
+    sessions: list[dict[str, Any]] = []
+    used = 0
+    if a["session_id"] is not None:
+        s = store.sessions.get(a["session_id"])
+        seqs = s.seqs[bisect.bisect_right(s.seqs, a["after_seq"]):] if s is not None else []
+        candidates = iter(seqs)
+    else:
+        candidates = iter(range(a["after_seq"] + 1, store.last_seq + 1))  # seqs rise; deleted ones are gaps
+    last = a["after_seq"]
+    for seq in candidates:
+        m = by_seq.get(seq)
+        last = seq
+        if m is None:
+            continue
+        item = m.to_dict()
+        event = m.event_fields()
+        if event is not None:
+            item["event"] = event
+        size = message_json_bytes(m) + 200
+        if out and used + size > L.RESPONSE_BUDGET_BYTES:
+            last = out[-1]["_seq"]
+            break
+        meta = store.session_meta.get(m.session_id)
+        if meta and store.sessions[m.session_id].seqs[0] == seq:
+            sessions.append({"session_id": m.session_id, **meta})
+        item["_seq"] = seq
+        out.append(item)
+        used += size
+        if len(out) >= a["limit"]:
+            break
+    more = bool(out) and (last < store.last_seq if a["session_id"] is None
+                          else last < store.sessions[a["session_id"]].seqs[-1])
+    for item in out:
+        item.pop("_seq")
+    return {"status": "OK", "messages": out, "sessions": sessions, "next_after": last if more else None}

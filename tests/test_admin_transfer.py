@@ -538,3 +538,56 @@ def test_progress_line_has_rate_and_eta():
     q.done()
     assert q.stream.text == "" and q.count == 5
     assert [format_seconds(s) for s in (5, 65, 3725)] == ["5s", "1m05s", "1h02m"]
+
+
+# ----------------------------------------------------------------------------- agent history too
+def test_export_import_keeps_events_and_session_metadata(tmp_path):
+    """Agent history survives a round trip whole: event types, tool names, error flags, exit codes,
+    models, file touches, and each session's metadata (the line before its first message)."""
+    pool = DaemonPool(tmp_path)
+    try:
+        src, dst = pool.new("hsrc").start(), pool.new("hdst").start()
+        home = tmp_path / "home"
+        home.mkdir()
+        t = 1_767_225_600_000
+        sid = "claude-code:abc"
+
+        def m(n: int, etype: str, content: str, role: str, **event) -> dict:
+            return {"message_id": str(ULID.from_bytes((((t + n) << 80) | n).to_bytes(16, "big"))),
+                    "session_id": sid, "timestamp": t + n, "role": role, "content": content,
+                    "event": {"type": etype, **event}}
+
+        events = [m(1, "user_input", "run the tests", "user"),
+                  m(2, "tool_call", '{"command":"pytest"}', "assistant", tool_name="Bash", model="claude-x"),
+                  m(3, "tool_response", "1 failed", "user", tool_name="Bash", is_error=True, exit_code=1),
+                  m(4, "tool_call", '{"file_path":"/r/a.py"}', "assistant", tool_name="Edit",
+                    files=[{"path": "/r/a.py", "root": "/r", "tail": "a.py", "project": "/r/.git", "op": "edit"}]),
+                  m(5, "reasoning", "[encrypted reasoning omitted]", "assistant"),
+                  m(6, "assistant_response", "fixed", "assistant")]
+        meta = {"session_id": sid, "harness": "claude-code", "source": "claude", "title": "Fix tests", "cwd": "/r",
+                "project": "/r/.git", "branch": "main"}
+        with src.client() as c:
+            assert c.call("import_messages", {"messages": events, "sessions": [meta]})["status"] == "OK"
+            c.write("plain", "a memory written directly")
+        a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        out_json(convmem(src.data_dir, home, "export", "-o", str(a)))
+        lines = read_jsonl(a)
+        # a message whose role says its event type (and that carries no tool facts) needs no event object
+        kinds = [x["event"]["type"] if "event" in x else {"user": "user_input", "assistant": "assistant_response"}[
+            x["role"]] for x in lines[1:7]]
+        assert lines[0] == {"session": meta} and "event" not in lines[1] and kinds == [
+            "user_input", "tool_call", "tool_response", "tool_call", "reasoning", "assistant_response"]
+        assert lines[3]["event"] == {"type": "tool_response", "tool_name": "Bash", "is_error": True, "exit_code": 1,
+                                     "model": None, "files": []}
+        assert "event" not in lines[-1] and "session" not in lines[-1]   # a plain memory stays plain
+        r = out_json(convmem(dst.data_dir, home, "import", str(a)))
+        assert r["imported"] == 7
+        out_json(convmem(dst.data_dir, home, "export", "-o", str(b)))
+        assert a.read_bytes() == b.read_bytes()
+        with dst.client() as c:
+            hit = c.call("search_sessions", {"query": "failed", "event_types": ["tool_response"]})["data"]["results"][0]
+            assert hit["session"]["title"] == "Fix tests" and hit["event"]["tool_name"] == "Bash"
+            opened = c.call("open", {"id": hit["open"]["event_id"]})["data"]
+            assert opened["content"]["exit_code"] == 1 and opened["content"]["is_error"] is True
+    finally:
+        pool.close_all()
