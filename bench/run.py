@@ -1,7 +1,7 @@
 """The one benchmark command: every figure of ours beside SQLite's, measured in the same run.
 
     python -m bench.run                 # default sizes, ~5-8 minutes on 2 cores
-    python -m bench.run --large         # adds 1M messages (search and start-up), ~25 minutes
+    python -m bench.run --large         # adds 1M messages / events (search, start-up, history), ~60 minutes
     python -m bench.run --quick         # a smoke run (seconds): checks the benchmarks run, not speed
 
 Each part runs in its own process (so one part's memory does not colour another's figures) and
@@ -55,9 +55,11 @@ def _plan(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
             ("search_speed", py + ["bench/search_speed.py", "--quick", "--no-snapshot"]),
             ("search_quality", py + ["bench/search_quality.py"]),
             ("crash", py + ["-m", "bench.crash_loop", "--kills", "5", "--writers", "2"]),
+            ("history", py + ["bench/history_bench.py", "--quick"]),
         ]
     search_sizes = "10000,100000,1000000" if a.large else "10000,100000"
     start_sizes = "100000,1000000" if a.large else "100000"
+    history_sizes = "100000,1000000" if a.large else "100000"
     return [
         ("engine", py + ["-m", "bench.engine", "--writes", str(a.writes), "--sizes", start_sizes,
                          "--rebuild-size", "100000"]),
@@ -65,6 +67,7 @@ def _plan(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
         ("search_speed", py + ["bench/search_speed.py", "--sizes", search_sizes, "--no-snapshot"]),
         ("search_quality", py + ["bench/search_quality.py"]),
         ("crash", py + ["-m", "bench.crash_loop", "--kills", str(a.kills)]),
+        ("history", py + ["bench/history_bench.py", "--sizes", history_sizes]),
     ]
 
 
@@ -121,6 +124,29 @@ def summarise(r: dict[str, Any]) -> list[list[Any]]:
             for k in ("recall@1", "recall@5"):
                 row(f"Japanese {k} (vs FTS5 trigram, OR of trigrams)", ja["ours"].get(k),
                     ja.get("fts5_trigram_or", {}).get(k), "")
+    for h in r.get("history", {}).get("results", []):
+        n = f"{h['size']:,}"
+        row(f"history ingest at {n} events", h["ingest"]["events_per_s"], h["sqlite_load"]["events_per_s"],
+            "events/s")
+        lat = h.get("latency", {})
+        for key, label in (("search_all", "search_sessions"), ("search_error", "search_sessions, tool_response")):
+            if key in lat:
+                row(f"{label} at {n} p50", lat[key]["ours"]["p50_ms"], lat[key]["sqlite"]["p50_ms"])
+                row(f"{label} at {n} p95", lat[key]["ours"]["p95_ms"], lat[key]["sqlite"]["p95_ms"])
+        for key, label in (("open_event", "open event"), ("open_turn", "open turn"),
+                           ("open_turn_limit20", "open turn limit 20"), ("open_session", "open session")):
+            if key in lat:
+                row(f"{label} at {n} p50", lat[key]["ours"]["p50_ms"], lat[key]["sqlite"]["p50_ms"])
+        d = h.get("daemon", {})
+        if "rss_after_ingest_bytes" in d:
+            row(f"history: daemon RSS after ingest at {n} (SQLite: db size)",
+                round(d["rss_after_ingest_bytes"] / 2**20, 1), round(h["sqlite_load"]["db_bytes"] / 2**20, 1), "MiB")
+            row(f"history: start-up at {n} (snapshot)", d["start_from_snapshot_s"], h.get("sqlite_open_count_s", ""),
+                "s")
+        ab = h.get("agent_bytes")
+        if ab:
+            row(f"agent bytes at {n}, search_sessions+open (SQLite col: search_messages) p50", ab["history_total_p50"],
+                ab["memory_total_p50"], "B")
     c = r.get("crash", {})
     if "kills" in c:
         row(f"crash run: {c['kills']} SIGKILLs, acknowledged writes", c.get("acknowledged"), "", "")

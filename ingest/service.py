@@ -49,6 +49,7 @@ FILE_PATTERNS = {claude.HARNESS: "*.jsonl", codex.HARNESS: "rollout-*.jsonl", ge
 BATCH_ENVELOPE_BYTES = 64 * L.KiB
 BATCH_BYTES = L.MAX_REQUEST_BYTES - BATCH_ENVELOPE_BYTES - H.CHECKPOINT_VALUE_MAX_BYTES
 HEARTBEAT_INTERVAL_S = 10.0
+HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX = 100, 3_600_000   # the interval a heartbeat may state (any --interval works)
 QUIET_TAIL_S = 60.0           # an unfinished last line untouched this long no longer counts as backlog
 FUTURE_SLACK_MS = 7 * 24 * 3600 * 1000
 CALLS_KEPT = 64               # call id -> tool name pairs carried in a checkpoint (pending tool results)
@@ -64,8 +65,22 @@ def derived_ulid(ms: int, key: str) -> str:
     return str(ULID.from_bytes(((ms << 80) | rand).to_bytes(16, "big")))
 
 
+def checkpoint_key(path: str) -> str:
+    """A file's checkpoint key: its path as text the daemon can store. A name that is not UTF-8 (its
+    bytes arrive as lone surrogates) keeps its odd bytes as ``\\xNN``, so names stay distinct."""
+    return path if path.isascii() else os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _utf8(text: str | None) -> str | None:
+    """``text`` encodable as UTF-8, as ``clip_utf8`` makes it: lone surrogates (JSON can carry them,
+    non-UTF-8 file names become them) are replaced."""
+    if text is None or text.isascii():
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def clip_utf8(text: str, max_bytes: int, mark: str = "") -> str:
-    """``text`` within ``max_bytes`` of UTF-8 (lone surrogates, which JSON can carry, become U+FFFD)."""
+    """``text`` within ``max_bytes`` of UTF-8 (lone surrogates, which JSON can carry, become "?")."""
     data = text.encode("utf-8", "replace") if not text.isascii() else text.encode()
     if len(data) <= max_bytes:
         return data.decode("utf-8", "replace") if not text.isascii() else text
@@ -165,7 +180,8 @@ class Ingester:
                             "queue_depth": p["progress"].files_total - p["progress"].files_completed})
         try:
             await self.call("ingest_heartbeat", {"instance": self.instance, "started_at": self.started_at,
-                                                 "interval_ms": int(self.interval * 1000),
+                                                 "interval_ms": _clamp(int(self.interval * 1000), HEARTBEAT_MS_MIN,
+                                                                       HEARTBEAT_MS_MAX),
                                                  "sources": sources[:H.HEARTBEAT_SOURCES_MAX]})
         except DaemonError as exc:
             log.warning("heartbeat refused: %s", exc)
@@ -179,19 +195,20 @@ class Ingester:
             return dirs + [os.path.join(home, ".claude", "projects"), os.path.join(home, ".config", "claude", "projects")]
         if harness == codex.HARNESS:
             return [os.path.join(env.get("CODEX_HOME") or os.path.join(home, ".codex"), "sessions")]
-        return [os.path.join(home, ".gemini", "tmp")]
+        dirs = [os.path.join(env["GEMINI_CLI_HOME"], ".gemini", "tmp")] if env.get("GEMINI_CLI_HOME") else []
+        return dirs + [os.path.join(home, ".gemini", "tmp")]
 
     def discover(self, harness: str) -> list[str]:
         mod = MODULES[harness]
         if not self.paths:
-            return mod.discover(self.env, self.home)
+            return _one_name_per_file(mod.discover(self.env, self.home))
         out: list[str] = []
         for p in self.paths:
             if os.path.isdir(p):
                 out.extend(_walk(p, FILE_PATTERNS[harness]))
             elif _regular(p):
                 out.append(os.path.abspath(p))
-        return sorted(dict.fromkeys(out))
+        return _one_name_per_file(out)
 
     # ------------------------------------------------------------------ one pass over everything
     async def run_once(self, totals: Totals) -> None:
@@ -240,7 +257,7 @@ class Ingester:
         await self.heartbeat(force=True)
 
     def _done_bytes(self, source: str, path: str, size: int) -> int:
-        cp = self.checkpoints.get((source, path))
+        cp = self.checkpoints.get((source, checkpoint_key(path)))
         if not cp:
             return 0
         done = cp.get("bytes", 0) if isinstance(cp.get("bytes"), int) else 0
@@ -332,8 +349,8 @@ class Ingester:
             r = workspace.resolve(touch.path, info.cwd, session)
             if len(r.path.encode("utf-8", "replace")) > H.PATH_MAX_BYTES:
                 continue
-            out.append({"path": clip_utf8(r.path, H.PATH_MAX_BYTES), "root": r.root, "tail": r.tail,
-                        "project": r.project, "op": touch.op})
+            out.append({"path": clip_utf8(r.path, H.PATH_MAX_BYTES), "root": _utf8(r.root), "tail": _utf8(r.tail),
+                        "project": _utf8(r.project), "op": touch.op})
         return out
 
     def session_updates(self, harness: str, info: SessionInfo, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -375,7 +392,7 @@ class Ingester:
         fd, st = reader.open_regular(path)
         try:
             info = mod.new_info(path)
-            key = (info.source, path)
+            key = (info.source, checkpoint_key(path))
             cp = self.checkpoints.get(key)
             offset = reader.resume_offset(cp, fd, st)
             counts = {"events": 0, "redacted": 0, "malformed": 0, "lines": 0}
@@ -433,7 +450,7 @@ class Ingester:
         fd, st = reader.open_regular(path)
         try:
             info = mod.new_info(path)
-            key = (info.source, path)
+            key = (info.source, checkpoint_key(path))
             cp = self.checkpoints.get(key)
             if reader.document_unchanged(cp, st):
                 return
@@ -448,13 +465,14 @@ class Ingester:
         if data is None:
             totals.malformed += 1
             totals.malformed_at.append(f"{path}: larger than {reader.DOCUMENT_CAP} bytes, skipped")
-            await self.call("import_messages", {"checkpoints": [{"source": info.source, "key": path,
+            await self.call("import_messages", {"checkpoints": [{"source": info.source, "key": key[1],
                                                                 "value": {**base, "malformed": 1}}]})
             self.checkpoints[key] = {**base, "malformed": 1}
             return
         if cp and cp.get("digest") == digest:
             value = {**cp, **base}
-            await self.call("import_messages", {"checkpoints": [{"source": info.source, "key": path, "value": value}]})
+            await self.call("import_messages",
+                            {"checkpoints": [{"source": info.source, "key": key[1], "value": value}]})
             self.checkpoints[key] = value
             return
         try:
@@ -485,6 +503,7 @@ class _Batch:
         self.harness = harness
         self.info = info
         self.path = path
+        self.key = checkpoint_key(path)
         self.totals = totals
         self.messages: list[dict[str, Any]] = []
         self.bytes = 0
@@ -518,7 +537,7 @@ class _Batch:
             return
         args: dict[str, Any] = {"messages": self.messages, "sessions": sessions}
         if checkpoint is not None:
-            args["checkpoints"] = [{"source": self.info.source, "key": self.path, "value": checkpoint}]
+            args["checkpoints"] = [{"source": self.info.source, "key": self.key, "value": checkpoint}]
         reply = await ing.call("import_messages", args)
         self.totals.imported += reply.get("imported", 0)
         self.totals.existing += reply.get("existing", 0)
@@ -528,7 +547,7 @@ class _Batch:
         for meta in sessions:
             ing.sent_meta[meta["session_id"]] = meta
         if checkpoint is not None:
-            ing.checkpoints[(self.info.source, self.path)] = checkpoint
+            ing.checkpoints[(self.info.source, self.key)] = checkpoint
         self.messages, self.bytes, self.redacted = [], 0, 0
 
 
@@ -559,7 +578,7 @@ def _stash(info: SessionInfo) -> dict[str, Any]:
             if k in _STASH_REDACTED:
                 v = redact(v)[0]
             v = clip_utf8(v, _STASH_LIMITS.get(k, H.META_TEXT_MAX_BYTES))
-        d[k] = v
+        d[k] = _utf8(v) if isinstance(v, str) else v
     calls = [(clip_utf8(a, L.TOOL_CALL_ID_MAX_BYTES), clip_utf8(b, H.TOOL_NAME_MAX_BYTES))
              for a, b in list(info.calls.items())[-CALLS_KEPT:]]
     d["calls"] = dict(calls)
@@ -574,6 +593,10 @@ def _stash(info: SessionInfo) -> dict[str, Any]:
             break
         d[longest] = clip_utf8(d[longest], len(d[longest].encode("utf-8", "replace")) // 2)
     return d
+
+
+def _clamp(value: int, lo: int, hi: int) -> int:
+    return min(max(lo, value), hi)
 
 
 def _now_ms() -> int:
@@ -593,6 +616,20 @@ def _regular(path: str) -> bool:
         return stat.S_ISREG(os.stat(path).st_mode)
     except OSError:
         return False
+
+
+def _one_name_per_file(paths: list[str]) -> list[str]:
+    """``paths`` sorted, each file once: a symlinked project directory (or a hard link) shows one
+    transcript under several names, and reading it under each would count it (its bytes, events,
+    checkpoint) once per name. The name without symlinks wins, else the first in order."""
+    names: dict[tuple[int, int], list[str]] = {}
+    for p in dict.fromkeys(paths):
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue  # gone since discovery
+        names.setdefault((st.st_dev, st.st_ino), []).append(p)
+    return sorted(n[0] if len(n) == 1 else min(n, key=lambda p: (os.path.realpath(p) != p, p)) for n in names.values())
 
 
 def _walk(top: str, pattern: str) -> list[str]:

@@ -301,6 +301,10 @@ def _search_text(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _ref(label: str, ref: dict[str, Any] | None) -> str:
     if not ref:
         return f"{label}: none"
@@ -334,7 +338,7 @@ def _open_text(d: dict[str, Any]) -> list[str]:
     else:
         s, t = d["session"], d["traversal"]
         lines = [f"session {s['id']} \"{s.get('display_label') or ''}\" ({s['harness']}/{s['source']}, {s['mode']}): "
-                 f"{s['turn_count']} turns, {s['event_count']} events, {s['started_at']} .. {s['updated_at']}"]
+                 f"{_n(s['turn_count'], 'turn')}, {_n(s['event_count'], 'event')}, {s['started_at']} .. {s['updated_at']}"]
         for tu in d["turns"]:
             ui = tu["user_input"]["text"] if tu["user_input"] else "(no user input)"
             lines.append(f"  turn {tu['ordinal']} ({tu['id']}): {ui}")
@@ -354,7 +358,7 @@ def _list_text(d: dict[str, Any]) -> list[str]:
     for item in d["sessions"]:
         s = item["session"]
         lines.append(f"{item['rank']}. \"{s['display_label']}\" {s['harness']}/{s['source']} {s['mode']} "
-                     f"{s['started_at']} .. {s['updated_at']}, {s['turn_count']} turns (session_id={item['id']})")
+                     f"{s['started_at']} .. {s['updated_at']}, {_n(s['turn_count'], 'turn')} (session_id={item['id']})")
     if d["next_cursor"]:
         lines.append(f"next_cursor={d['next_cursor']}")
     return lines
@@ -362,6 +366,9 @@ def _list_text(d: dict[str, Any]) -> list[str]:
 
 def _attention_text(d: dict[str, Any]) -> list[str]:
     sm = d["summary"]
+    if not sm["total_touches"]:
+        return [f"{d['tail']}: no recorded session touched this file"
+                f"{' in this project (scope all searches every project)' if d['scope'] == 'project' else ''}."]
     lines = [f"{d['tail']}: {sm['total_touches']} touch(es) in {sm['distinct_sessions']} session(s), "
              f"{sm['distinct_known_roots']} known root(s), {sm['unknown_root_touches']} unknown-root touch(es)"
              f"{', ambiguous' if sm['ambiguous'] else ''}; last {sm['last_touch']}."]
