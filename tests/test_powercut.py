@@ -229,3 +229,113 @@ def test_crash_after_sync_before_reply_is_not_lost_nor_duplicated(tmp_path):
     again = write(s, "s", "unreplied", request_id=r)["message"]
     assert again == m and [x.content for x in s.by_id.values()] == ["first", "unreplied"]
     s.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Agent history: an ingester's batch (session metadata, events, the file's checkpoint) is one append.
+# ---------------------------------------------------------------------------------------------------
+def _ingest_batch(rng: random.Random, n: int, offset: int) -> tuple[dict, int]:
+    """import_messages args of one ingester batch: events of a session, its metadata, a checkpoint."""
+    from protocol import wire
+    from ulid import ULID
+
+    sid = f"codex:s{rng.randint(0, 2)}"
+    events = []
+    for k in range(rng.randint(1, 6)):
+        ts = 1_767_225_600_000 + n * 100 + k
+        etype = rng.choice(["user_input", "assistant_response", "tool_call", "tool_response", "reasoning"])
+        ev = {"type": etype}
+        if etype.startswith("tool"):
+            ev.update(tool_name="shell", exit_code=rng.randint(0, 2), is_error=False)
+        if etype == "tool_call":
+            ev["files"] = [{"path": f"/r/f{k}.py", "root": "/r", "tail": f"f{k}.py", "project": "/r/.git",
+                            "op": "edit"}]
+        events.append({"message_id": str(ULID.from_bytes(((ts << 80) | (n * 16 + k)).to_bytes(16, "big"))),
+                       "session_id": sid, "timestamp": ts,
+                       "role": {"user_input": "user", "tool_response": "user"}.get(etype, "assistant"),
+                       "content": _content(rng, n) + f" batch {n} event {k}", "event": ev})
+        offset += rng.randint(50, 5000)
+    meta = {"session_id": sid, "harness": "codex", "source": "codex", "title": f"title {n}"}
+    cp = {"source": "codex", "key": "/home/u/.codex/sessions/rollout.jsonl",
+          "value": {"offset": offset, "bytes": offset, "events": n}}
+    return wire.validate_args("import_messages", {"messages": events, "sessions": [meta], "checkpoints": [cp]}), offset
+
+
+def _event_state(store) -> dict:
+    return {mid: (m.to_dict(), m.etype, m.tool, m.ext) for mid, m in store.by_id.items()}
+
+
+def _ingest_run(seed: int, root: str) -> list[str]:
+    rng = random.Random(seed)
+    n_ops = rng.randint(1, 25)
+    io = TrackingIO(root, crash_at=None, rng=random.Random(seed * 7 + 1))
+    io.crash_at = rng.randint(0, 4 * n_ops + 12)
+    acked: dict = {}
+    acked_cp = None
+    acked_meta: dict[str, str] = {}
+    in_flight = None
+    offset = 0
+    store = None
+    try:
+        store = Store.open(root, io=io)
+        for i in range(n_ops):
+            roll = rng.random()
+            if roll < 0.8:
+                args, offset = _ingest_batch(rng, i, offset)
+                in_flight = ("ingest", args)
+                store.import_messages(args)
+                for m in args["messages"]:
+                    acked[m["message_id"]] = _event_state(store)[m["message_id"]]
+                acked_cp = args["checkpoints"][0][2]
+                acked_meta[args["sessions"][0][0]] = args["sessions"][0][1]["title"]
+            elif roll < 0.88:
+                in_flight = ("snapshot", None)
+                store.write_snapshot()
+            elif roll < 0.95:
+                in_flight = ("rebuild", None)
+                compaction.rebuild(store)
+            else:
+                in_flight = ("restart", None)
+                store.close()
+                store = Store.open(root, io=io)
+            in_flight = None
+    except PowerCut:
+        pass
+    io.power_cut(random.Random(seed * 13 + 5))
+    s = Store.open(root, io=FileIO())
+    problems = []
+    if s.health()["status"] != "OK":
+        problems.append(f"seed {seed}: not healthy: {s.health()['last_error']}")
+    state = _event_state(s)
+    for mid, want in acked.items():
+        if state.get(mid) != want:
+            problems.append(f"seed {seed}: acknowledged event {mid} {'lost' if mid not in state else 'differs'}")
+    cp = s.ingest.checkpoints.get(("codex", "/home/u/.codex/sessions/rollout.jsonl"))
+    flying = in_flight[1] if in_flight and in_flight[0] == "ingest" else None
+    if flying is not None and cp == flying["checkpoints"][0][2]:
+        # the in-flight batch's checkpoint made it: so did every one of its events (never ahead of them)
+        missing = [m["message_id"] for m in flying["messages"] if m["message_id"] not in state]
+        if missing:
+            problems.append(f"seed {seed}: checkpoint stored without its events {missing}")
+    elif cp != acked_cp:
+        problems.append(f"seed {seed}: checkpoint {cp} is neither the acknowledged one nor the in-flight one")
+    for sid, title in acked_meta.items():
+        if s.session_meta.get(sid, {}).get("title") is None:
+            problems.append(f"seed {seed}: session metadata of {sid} lost")
+    extra = set(state) - set(acked) - ({m["message_id"] for m in flying["messages"]} if flying else set())
+    if extra:
+        problems.append(f"seed {seed}: unexpected events {sorted(extra)[:3]}")
+    if flying is not None:   # the ingester retries its batch: everything once, checkpoint in place
+        s.import_messages(flying)
+        if s.ingest.checkpoints.get(("codex", "/home/u/.codex/sessions/rollout.jsonl")) != flying["checkpoints"][0][2] \
+                or any(m["message_id"] not in s.by_id for m in flying["messages"]):
+            problems.append(f"seed {seed}: retried batch did not complete")
+    s.close()
+    return problems
+
+
+def test_power_cuts_in_ingest_batches_keep_checkpoints_with_their_events(tmp_path):
+    problems = []
+    for seed in range(150):
+        problems += _ingest_run(seed, str(tmp_path / f"i{seed}"))
+    assert problems == []
