@@ -201,9 +201,15 @@ class IngestState:
                 "discovery_complete": s["discovery_complete"] if s else None,
                 "errors": s["errors"] if s else None,
             })
+        conditions = self.conditions(store_error, rebuilding)
+        alerts = [{"code": c["reason"], "observed_at_unix_ms": now} for c in conditions
+                  if c["state"] == "false" and c["condition_type"] in ("health", "readiness")]
+        if any(t.get("malformed") for t in self.totals.values()):
+            alerts.append({"code": "malformed_records_skipped", "observed_at_unix_ms": now})
         data: dict[str, Any] = {
             "observed_at_unix_ms": now,
-            "conditions": self.conditions(store_error, rebuilding),
+            "conditions": conditions,
+            "alerts": alerts,
             "current": current,
             "sources": sources,
             "secrets_redacted": sum(t.get("redacted", 0) for t in self.totals.values()),
