@@ -110,6 +110,11 @@ class DaemonError(Exception):
     """The daemon refused a batch for a reason retrying will not fix."""
 
 
+class Stopped(Exception):
+    """SIGTERM/SIGINT arrived while a request was waiting for the daemon: the batch was not
+    acknowledged, so the next run sends it again (its ids make that harmless)."""
+
+
 @dataclass
 class _Progress:
     """Per source, for the heartbeat."""
@@ -145,16 +150,32 @@ class Ingester:
 
     # ------------------------------------------------------------------ the daemon
     async def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """A request, retried while the daemon is busy (a rebuild) or away (restarting)."""
+        """A request, retried while the daemon is busy (a rebuild) or away (restarting); a stop signal
+        ends the wait at once (``Stopped``) instead of after the client's attempts run out."""
         while True:
-            reply = await self.request(op, args)
+            reply = await self._or_stop(self.request(op, args))
             if reply.get("status") != "ERROR":
                 return reply
             err = reply.get("error") or {}
-            if err.get("code") == "BUSY" and not self.stop.is_set():
-                await asyncio.sleep(max(0.05, err.get("retry_after_ms", 250) / 1000))
+            if err.get("code") == "BUSY":
+                await self._or_stop(asyncio.sleep(max(0.05, err.get("retry_after_ms", 250) / 1000)))
                 continue
             raise DaemonError(f"{op}: {err.get('code')}: {err.get('message')}")
+
+    async def _or_stop(self, aw: Any) -> Any:
+        if self.stop.is_set():
+            aw.close()
+            raise Stopped()
+        work = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not work.done():
+            work.cancel()
+            raise Stopped()
+        return work.result()
 
     async def load_checkpoints(self) -> None:
         for harness in self.harnesses:
@@ -246,6 +267,14 @@ class Ingester:
                 self.sources[source]["progress"].errors += 1
                 totals.malformed_at.append(f"{path}: unreadable ({exc.strerror or exc})")
                 continue
+            except (Stopped, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # one bad file must not stop every other one, now and at each restart
+                log.error("skipping %s this pass: %s: %s", path, type(exc).__name__, exc)
+                totals.unreadable += 1
+                self.sources[source]["progress"].errors += 1
+                totals.malformed_at.append(f"{path}: not ingested ({type(exc).__name__})")
+                continue
             size = _size(path)
             after = self._done_bytes(source, path, size)
             p = self.sources[source]["progress"]
@@ -271,6 +300,12 @@ class Ingester:
         return done
 
     async def run(self, watch: bool, totals: Totals) -> None:
+        try:
+            await self._run(watch, totals)
+        except Stopped:
+            log.info("stopped while waiting for the daemon; the unacknowledged batch is sent again next time")
+
+    async def _run(self, watch: bool, totals: Totals) -> None:
         await self.load_checkpoints()
         while True:
             before = (totals.events, totals.imported, totals.malformed)
@@ -427,10 +462,12 @@ class Ingester:
                 counts["events"] += len(events)
                 if batch.full():
                     counts["redacted"] += batch.redacted
+                    counts["malformed"] += batch.dropped
                     await batch.flush(self._jsonl_cp(fd, st, end, info, counts, last_ts, path))
                     if self.stop.is_set():
                         return
             counts["redacted"] += batch.redacted
+            counts["malformed"] += batch.dropped
             if end != offset or batch.messages or not cp:
                 await batch.flush(self._jsonl_cp(fd, st, end, info, counts, last_ts, path))
             totals.malformed += len(bad_lines)
@@ -508,6 +545,7 @@ class _Batch:
         self.messages: list[dict[str, Any]] = []
         self.bytes = 0
         self.redacted = 0        # since the last flush
+        self.dropped = 0         # events without a usable time (counted as malformed), since the last flush
         self.redacted_total = 0
 
     def full(self) -> bool:
@@ -519,6 +557,7 @@ class _Batch:
         if not 0 <= ts <= _now_ms() + FUTURE_SLACK_MS:
             if last_ts is None:
                 self.totals.malformed += 1
+                self.dropped += 1
                 return last_ts
             ts = last_ts  # from the far future (or before 1970): the previous event's time, deterministically
         msg, n_redacted = self.ing.to_message(self.harness, self.info, ev, ts)
@@ -548,7 +587,8 @@ class _Batch:
             ing.sent_meta[meta["session_id"]] = meta
         if checkpoint is not None:
             ing.checkpoints[(self.info.source, self.key)] = checkpoint
-        self.messages, self.bytes, self.redacted = [], 0, 0
+        self.messages, self.bytes, self.redacted, self.dropped = [], 0, 0, 0
+        await ing.heartbeat()  # a long file must not make the ingester look dead (sent at most every interval)
 
 
 def _restore(info: SessionInfo, stash: Any) -> None:
