@@ -35,8 +35,8 @@ def compact(text: str, max_chars: int) -> tuple[str, bool]:
 
 
 @lru_cache(maxsize=256)
-def _patterns(query: str) -> tuple[tuple[re.Pattern[str], str | None], ...]:
-    """(pattern, term to verify with or None) for each distinct query unit."""
+def _patterns(query: str) -> tuple[tuple[str, str | None], ...]:
+    """(literal to find, term to verify the word with or None) for each distinct query unit."""
     out = []
     seen = set()
     for run in query_runs(query):
@@ -45,35 +45,34 @@ def _patterns(query: str) -> tuple[tuple[re.Pattern[str], str | None], ...]:
             for piece in dict.fromkeys((whole, *run.terms)):
                 if piece not in seen:
                     seen.add(piece)
-                    out.append((re.compile(re.escape(piece)), None))
+                    out.append((piece, None))
             continue
         term = run.terms[0]
         if term in seen:
             continue
         seen.add(term)
-        prefix = term[:-1] if len(term) > 3 else term
-        out.append((re.compile(r"(?<![^\W_])" + re.escape(prefix)), term))
+        out.append((term[:-1] if len(term) > 3 else term, term))  # the stem's prefix: "migrat" finds "migration"
     return tuple(out)
 
 
 def _matches(folded: str, query: str) -> list[tuple[int, int, int]]:
-    """(start, end, unit index) of every located query unit, in text order."""
+    """(start, end, unit index) of every located query unit, in text order. Literals are found with
+    str.find (C speed); only candidates are checked word by word."""
     found = []
-    for unit, (pattern, term) in enumerate(_patterns(query)):
+    for unit, (literal, term) in enumerate(_patterns(query)):
         n = 0
-        for m in pattern.finditer(folded):
-            start = m.start()
-            if term is not None:
-                w = _WORD_AT.match(folded, start)
-                if w is None or _word_term(w.group()) != term:
-                    continue
-                end = w.end()
-            else:
-                end = m.end()
-            found.append((start, end, unit))
-            n += 1
-            if n >= MATCHES_PER_TERM:
-                break
+        at = folded.find(literal)
+        while at >= 0 and n < MATCHES_PER_TERM:
+            nxt = folded.find(literal, at + 1)
+            if term is None:
+                found.append((at, at + len(literal), unit))
+                n += 1
+            elif at == 0 or not (folded[at - 1].isalnum()):
+                w = _WORD_AT.match(folded, at)
+                if w is not None and _word_term(w.group()) == term:
+                    found.append((at, w.end(), unit))
+                    n += 1
+            at = nxt
     found.sort()
     return found
 
@@ -82,7 +81,7 @@ def snippet(text: str, query: str, max_chars: int) -> tuple[str, bool]:
     """A window of ``text`` around the densest cluster of query terms (the start when none is found)."""
     if len(text) <= max_chars and "\n" not in text and "  " not in text:
         return text, False
-    folded = normalize(text)
+    folded = text.lower() if text.isascii() else normalize(text)
     if len(folded) != len(text):
         # NFKC/case folding changed lengths (ligatures, ß...): offsets map by proportion, close enough
         # to centre a window, and the window is cut from the original text
