@@ -289,15 +289,15 @@ def render_text(env: dict[str, Any]) -> str:
 
 def _search_text(d: dict[str, Any]) -> list[str]:
     more = " (more may exist: narrow the query or raise n_hits)" if d["truncated"] else ""
-    lines = [f"{d['result_count']} hit(s){more}."]
+    lines = [f"{d['result_count']} hit(s){more}; each: rank, type, time, harness, session title, then its "
+             "event, turn and session ids to pass to open, then the snippet."]
     for r in d["results"]:
         ev, s = r["event"], r["session"]
         tool = f" {ev['tool_name']}" if ev.get("tool_name") else ""
-        lines.append(f"{r['rank']}. [{ev['type']}{tool}] {ev['timestamp']} score={r['score']} "
-                     f"session \"{s.get('display_label') or s.get('title') or ''}\" ({s['harness']})")
-        lines.append(f"   {r['snippet']['text']}")
         o = r["open"]
-        lines.append(f"   open: event_id={o['event_id']} turn_id={o['turn_id']} session_id={o['session_id']}")
+        lines.append(f"{r['rank']}. [{ev['type']}{tool}] {ev['timestamp'][:19]}Z {s['harness']} \"{s.get('title') or ''}\" "
+                     f"{o['event_id']} {o['turn_id']} {o['session_id']}")
+        lines.append(f"   {r['snippet']['text']}")
     return lines
 
 

@@ -327,14 +327,21 @@ class HistoryViews:
             eid = handles.event_id(self.key, m.message_id)
             tid = self.turn_id(s, start)
             text, cut = snippet(m.content, req["query"], H.SNIPPET_CHARS)
+            event = {"id": eid, "type": m.etype, "timestamp": iso_ms(m.timestamp), "ordinal": idx - start + 1,
+                     "terminal": facts["completed"] and idx == end - 1}
+            if m.tool is not None:
+                event["tool_name"] = m.tool
+            session = self.session_ref(m.session_id)
+            # a hit is a pointer: one name for the session (its title, else its display label)
+            session["title"] = session.pop("display_label") if session["title"] is None else session["title"]
+            session.pop("display_label", None)
             results.append({
                 "rank": rank,
                 "score": round(hit.score / (hit.score + SCORE_HALF), 4),
                 "id": eid,
-                "event": {"id": eid, "type": m.etype, "timestamp": iso_ms(m.timestamp), "ordinal": idx - start + 1,
-                          "terminal": facts["completed"] and idx == end - 1, "tool_name": m.tool},
+                "event": event,
                 "turn": {"id": tid, "ordinal": index + 1, "completed": facts["completed"], "event_count": end - start},
-                "session": self.session_ref(m.session_id),
+                "session": session,
                 "snippet": {"text": text, "truncated": cut},
                 "open": {"event_id": eid, "turn_id": tid, "session_id": handles.session_id(self.key, m.session_id)},
             })
