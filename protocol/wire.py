@@ -52,19 +52,20 @@ def encode_request(op: str, args: dict[str, Any], request_id: str, context: dict
 
 
 def _depth_ok(obj: Any, limit: int) -> bool:
-    """Iterative so that a hostile frame cannot exhaust the Python stack."""
-    stack = [(obj, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            if depth > limit:
-                return False
-            stack.extend((v, depth + 1) for v in node.values())
-            stack.extend((k, depth + 1) for k in node.keys())
-        elif isinstance(node, list):
-            if depth > limit:
-                return False
-            stack.extend((v, depth + 1) for v in node)
+    """Iterative (a hostile frame cannot exhaust the Python stack) and level by level over containers
+    only, so a batch of a thousand messages costs a few thousand type checks, not a walk of every
+    string in it. Map keys need no visit: ``strict_map_key`` already made them str or bytes."""
+    level = [obj] if isinstance(obj, (dict, list)) else []
+    depth = 1
+    while level:
+        if depth > limit:
+            return False
+        nxt: list[Any] = []
+        for node in level:
+            children = node.values() if type(node) is dict else node
+            nxt.extend(c for c in children if type(c) is dict or type(c) is list)
+        level = nxt
+        depth += 1
     return True
 
 
