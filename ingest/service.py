@@ -147,6 +147,7 @@ class Ingester:
         self.discovered = False
         self.last_heartbeat = 0.0
         self.doc_failures: dict[str, tuple[int, int]] = {}
+        self.sender: _Sender | None = None   # the current pass's
 
     # ------------------------------------------------------------------ the daemon
     async def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -233,6 +234,14 @@ class Ingester:
 
     # ------------------------------------------------------------------ one pass over everything
     async def run_once(self, totals: Totals) -> None:
+        self.sender = _Sender(self, totals)
+        try:
+            await self._pass(totals)
+        finally:
+            if self.sender.inflight is not None:  # stopped, or failed: the unacknowledged batch is read again
+                self.sender.inflight.cancel()
+
+    async def _pass(self, totals: Totals) -> None:
         plan: list[tuple[str, str, str]] = []
         self.sources = {}
         for harness in self.harnesses:
@@ -275,15 +284,42 @@ class Ingester:
                 self.sources[source]["progress"].errors += 1
                 totals.malformed_at.append(f"{path}: not ingested ({type(exc).__name__})")
                 continue
-            size = _size(path)
-            after = self._done_bytes(source, path, size)
-            p = self.sources[source]["progress"]
-            p.bytes_total += size - sizes[path]
-            p.bytes_completed += after - before
-            if before < sizes[path] <= after or (before < sizes[path] and after >= size):
-                p.files_completed += 1
+            self._progressed(source, path, sizes, before)
             await self.heartbeat()
+        try:
+            await self.sender.send()
+            await self.sender.drain()
+        except (Stopped, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.error("the last batch of this pass was refused: %s: %s", type(exc).__name__, exc)
+            totals.malformed_at.append(f"a batch was refused ({type(exc).__name__}); its files are read again")
+        self._recount(plan)
         await self.heartbeat(force=True)
+
+    def _progressed(self, source: str, path: str, sizes: dict[str, int], before: int) -> None:
+        size = _size(path)
+        after = self._done_bytes(source, path, size)
+        p = self.sources[source]["progress"]
+        p.bytes_total += size - sizes[path]
+        sizes[path] = size
+        p.bytes_completed += after - before
+        if before < size <= after:
+            p.files_completed += 1
+
+    def _recount(self, plan: list[tuple[str, str, str]]) -> None:
+        """Progress from the acknowledged checkpoints, after the pass's last batch came back."""
+        for entry in self.sources.values():
+            entry["progress"].files_completed = entry["progress"].bytes_completed = 0
+            entry["progress"].bytes_total = 0
+        for _h, source, path in plan:
+            p = self.sources[source]["progress"]
+            size = _size(path)
+            done = self._done_bytes(source, path, size)
+            p.bytes_total += size
+            p.bytes_completed += min(done, size)
+            if done >= size:
+                p.files_completed += 1
 
     def _done_bytes(self, source: str, path: str, size: int) -> int:
         cp = self.checkpoints.get((source, checkpoint_key(path)))
@@ -388,10 +424,10 @@ class Ingester:
                         "project": _utf8(r.project), "op": touch.op})
         return out
 
-    def session_updates(self, harness: str, info: SessionInfo, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def session_updates(self, harness: str, info: SessionInfo, sids: list[str]) -> list[dict[str, Any]]:
         """Session records whose metadata changed since they were last sent (redacted, clipped)."""
         out = []
-        for native in dict.fromkeys([info.session_id, *(m["session_id"] for m in messages)]):
+        for native in dict.fromkeys([info.session_id, *sids]):
             sid = native if native.startswith(harness + ":") else self.session_id(harness, native)
             meta = self.session_meta(harness, info, sid)
             if meta != self.sent_meta.get(sid):
@@ -502,15 +538,10 @@ class Ingester:
         if data is None:
             totals.malformed += 1
             totals.malformed_at.append(f"{path}: larger than {reader.DOCUMENT_CAP} bytes, skipped")
-            await self.call("import_messages", {"checkpoints": [{"source": info.source, "key": key[1],
-                                                                "value": {**base, "malformed": 1}}]})
-            self.checkpoints[key] = {**base, "malformed": 1}
+            self.sender.stage([], {"source": info.source, "key": key[1], "value": {**base, "malformed": 1}})
             return
         if cp and cp.get("digest") == digest:
-            value = {**cp, **base}
-            await self.call("import_messages",
-                            {"checkpoints": [{"source": info.source, "key": key[1], "value": value}]})
-            self.checkpoints[key] = value
+            self.sender.stage([], {"source": info.source, "key": key[1], "value": {**cp, **base}})
             return
         try:
             events = mod.parse_document(json.loads(data), info)
@@ -530,26 +561,94 @@ class Ingester:
                 await batch.flush(None)
         await batch.flush({**base, "digest": digest, "events": len(events), "redacted": batch.redacted_total,
                            "info": _stash(info)})
+        if self.sender.full():
+            await self.sender.send()
+
+
+class _Sender:
+    """One import_messages call's worth of everything a pass produces — events, session metadata and
+    the checkpoints of the files (or parts of files) they complete — sent when full or at the end of a
+    pass, with at most one batch in flight while the next one is parsed. Each batch is one durable
+    append in the daemon, so whatever a checkpoint in it covers is in it too; what is acknowledged is
+    recorded locally only when the reply came."""
+
+    def __init__(self, ingester: Ingester, totals: Totals) -> None:
+        self.ing = ingester
+        self.totals = totals
+        self.inflight: asyncio.Task | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.sessions: dict[str, dict[str, Any]] = {}
+        self.checkpoints: list[dict[str, Any]] = []
+        self.bytes = 0
+
+    def full(self) -> bool:
+        return (len(self.messages) >= L.IMPORT_BATCH_MAX or self.bytes >= BATCH_BYTES
+                or len(self.checkpoints) >= H.CHECKPOINTS_PER_BATCH_MAX
+                or len(self.sessions) >= H.SESSIONS_PER_BATCH_MAX)
+
+    def add(self, msg: dict[str, Any]) -> None:
+        self.messages.append(msg)
+        self.bytes += len(msgpack.packb(msg, use_bin_type=True)) + 16
+
+    def stage(self, sessions: list[dict[str, Any]], checkpoint: dict[str, Any] | None) -> None:
+        for meta in sessions:
+            self.sessions[meta["session_id"]] = meta
+            self.bytes += len(msgpack.packb(meta, use_bin_type=True)) + 16
+        if checkpoint is not None:
+            self.checkpoints.append(checkpoint)
+            self.bytes += H.CHECKPOINT_VALUE_MAX_BYTES // 4
+
+    async def send(self) -> None:
+        """Wait for the batch in flight (its failure surfaces here), then put this one in flight."""
+        await self.drain()
+        if not (self.messages or self.sessions or self.checkpoints):
+            return
+        args = {"messages": self.messages, "sessions": list(self.sessions.values()), "checkpoints": self.checkpoints}
+        self._reset()
+        self.inflight = asyncio.ensure_future(self._send(args))
+
+    async def drain(self) -> None:
+        task, self.inflight = self.inflight, None
+        if task is not None:
+            await task
+
+    async def _send(self, args: dict[str, Any]) -> None:
+        ing = self.ing
+        reply = await ing.call("import_messages", args)
+        self.totals.imported += reply.get("imported", 0)
+        self.totals.existing += reply.get("existing", 0)
+        self.totals.events += len(args["messages"])
+        if ing.progress is not None and args["messages"]:
+            ing.progress(len(args["messages"]))
+        for meta in args["sessions"]:
+            ing.sent_meta[meta["session_id"]] = meta
+        for cp in args["checkpoints"]:
+            ing.checkpoints[(cp["source"], cp["key"])] = cp["value"]
+        await ing.heartbeat()  # a long backfill must not make the ingester look dead (at most every interval)
 
 
 class _Batch:
-    """Messages on their way to one import_messages call (one durable append in the daemon)."""
+    """One file's events on their way into the pass's sender, with the file's own counters."""
 
     def __init__(self, ingester: Ingester, harness: str, info: SessionInfo, path: str, totals: Totals) -> None:
         self.ing = ingester
+        self.sender = ingester.sender
         self.harness = harness
         self.info = info
         self.path = path
         self.key = checkpoint_key(path)
         self.totals = totals
-        self.messages: list[dict[str, Any]] = []
-        self.bytes = 0
-        self.redacted = 0        # since the last flush
-        self.dropped = 0         # events without a usable time (counted as malformed), since the last flush
+        self.sids: dict[str, None] = {}   # sessions of the events added since the last flush
+        self.pending = 0                  # events added since the last flush
+        self.redacted = 0                 # since the last flush
+        self.dropped = 0                  # events without a usable time (counted as malformed), likewise
         self.redacted_total = 0
 
     def full(self) -> bool:
-        return len(self.messages) >= L.IMPORT_BATCH_MAX or self.bytes >= BATCH_BYTES
+        return self.sender.full()
 
     def add(self, ev: Event, last_ts: int | None) -> int | None:
         """Queue one event; returns the time to give the next event whose own time is unusable."""
@@ -565,30 +664,21 @@ class _Batch:
         self.redacted_total += n_redacted
         self.totals.redacted += n_redacted
         if msg is not None:
-            self.messages.append(msg)
-            self.bytes += len(msgpack.packb(msg, use_bin_type=True)) + 16
+            self.sender.add(msg)
+            self.sids[msg["session_id"]] = None
+            self.pending += 1
         return ts
 
     async def flush(self, checkpoint: dict[str, Any] | None) -> None:
-        ing = self.ing
-        sessions = ing.session_updates(self.harness, self.info, self.messages)
-        if not (self.messages or sessions or checkpoint is not None):
-            return
-        args: dict[str, Any] = {"messages": self.messages, "sessions": sessions}
-        if checkpoint is not None:
-            args["checkpoints"] = [{"source": self.info.source, "key": self.key, "value": checkpoint}]
-        reply = await ing.call("import_messages", args)
-        self.totals.imported += reply.get("imported", 0)
-        self.totals.existing += reply.get("existing", 0)
-        self.totals.events += len(self.messages)
-        if ing.progress is not None and self.messages:
-            ing.progress(len(self.messages))
-        for meta in sessions:
-            ing.sent_meta[meta["session_id"]] = meta
-        if checkpoint is not None:
-            ing.checkpoints[(self.info.source, self.key)] = checkpoint
-        self.messages, self.bytes, self.redacted, self.dropped = [], 0, 0, 0
-        await ing.heartbeat()  # a long file must not make the ingester look dead (sent at most every interval)
+        """Hand what this file produced so far (and the checkpoint it reaches) to the sender, which
+        sends when it is full."""
+        sessions = self.ing.session_updates(self.harness, self.info, list(self.sids))
+        if self.pending or sessions or checkpoint is not None:
+            self.sender.stage(sessions, {"source": self.info.source, "key": self.key, "value": checkpoint}
+                              if checkpoint is not None else None)
+        self.sids, self.pending, self.redacted, self.dropped = {}, 0, 0, 0
+        if self.sender.full():
+            await self.sender.send()
 
 
 def _restore(info: SessionInfo, stash: Any) -> None:
