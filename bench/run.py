@@ -1,6 +1,6 @@
 """The one benchmark command: every figure of ours beside SQLite's, measured in the same run.
 
-    python -m bench.run                 # default sizes, ~5-8 minutes on 2 cores
+    python -m bench.run                 # default sizes, ~10-12 minutes on 2 cores
     python -m bench.run --large         # adds 1M messages / events (search, start-up, history), ~60 minutes
     python -m bench.run --quick         # a smoke run (seconds): checks the benchmarks run, not speed
 
