@@ -148,6 +148,7 @@ class Ingester:
         self.last_heartbeat = 0.0
         self.doc_failures: dict[str, tuple[int, int]] = {}
         self.sender: _Sender | None = None   # the current pass's
+        self.failed: set[str] = set()          # the current pass's files that could not be read
 
     # ------------------------------------------------------------------ the daemon
     async def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -185,11 +186,7 @@ class Ingester:
                 for key, value in (reply.get("checkpoints") or {}).items():
                     self.checkpoints[(source, key)] = value
 
-    async def heartbeat(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last_heartbeat < self.interval:
-            return
-        self.last_heartbeat = now
+    def _heartbeat_args(self, final: bool = False) -> dict[str, Any]:
         sources = []
         for source, p in sorted(self.sources.items()):
             sources.append({"source": source, "harness": p["harness"], "discovery_complete": self.discovered,
@@ -200,13 +197,29 @@ class Ingester:
                             "files_active": p["progress"].files_total - p["progress"].files_completed,
                             "errors": p["progress"].errors,
                             "queue_depth": p["progress"].files_total - p["progress"].files_completed})
+        return {"instance": self.instance, "started_at": self.started_at,
+                "interval_ms": _clamp(int(self.interval * 1000), HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX),
+                "sources": sources[:H.HEARTBEAT_SOURCES_MAX], "final": final}
+
+    async def heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_heartbeat < self.interval:
+            return
+        self.last_heartbeat = now
         try:
-            await self.call("ingest_heartbeat", {"instance": self.instance, "started_at": self.started_at,
-                                                 "interval_ms": _clamp(int(self.interval * 1000), HEARTBEAT_MS_MIN,
-                                                                       HEARTBEAT_MS_MAX),
-                                                 "sources": sources[:H.HEARTBEAT_SOURCES_MAX]})
+            await self.call("ingest_heartbeat", self._heartbeat_args())
         except DaemonError as exc:
             log.warning("heartbeat refused: %s", exc)
+
+    async def last_heartbeat_sent(self) -> None:
+        """Tell the daemon this ingester is stopping (so its silence is not taken for a crash): one
+        attempt, briefly, since the daemon may be the reason it stops."""
+        if not self.sources:
+            return
+        try:
+            await asyncio.wait_for(self.request("ingest_heartbeat", self._heartbeat_args(final=True)), 2.0)
+        except (asyncio.TimeoutError, Exception):
+            log.debug("the final heartbeat did not reach the daemon", exc_info=True)
 
     # ------------------------------------------------------------------ discovery
     def default_locations(self, harness: str) -> list[str]:
@@ -242,6 +255,7 @@ class Ingester:
                 self.sender.inflight.cancel()
 
     async def _pass(self, totals: Totals) -> None:
+        self.failed: set[str] = set()     # files this pass could not read or ingest
         plan: list[tuple[str, str, str]] = []
         self.sources = {}
         for harness in self.harnesses:
@@ -273,7 +287,7 @@ class Ingester:
                 continue
             except OSError as exc:
                 totals.unreadable += 1
-                self.sources[source]["progress"].errors += 1
+                self.failed.add(path)
                 totals.malformed_at.append(f"{path}: unreadable ({exc.strerror or exc})")
                 continue
             except (Stopped, asyncio.CancelledError):
@@ -281,7 +295,7 @@ class Ingester:
             except Exception as exc:  # one bad file must not stop every other one, now and at each restart
                 log.error("skipping %s this pass: %s: %s", path, type(exc).__name__, exc)
                 totals.unreadable += 1
-                self.sources[source]["progress"].errors += 1
+                self.failed.add(path)
                 totals.malformed_at.append(f"{path}: not ingested ({type(exc).__name__})")
                 continue
             self._progressed(source, path, sizes, before)
@@ -308,18 +322,22 @@ class Ingester:
             p.files_completed += 1
 
     def _recount(self, plan: list[tuple[str, str, str]]) -> None:
-        """Progress from the acknowledged checkpoints, after the pass's last batch came back."""
+        """Progress from the acknowledged checkpoints, after the pass's last batch came back. A file that
+        could not be read is not backlog (nothing will change until it does): it counts as done and as
+        an error, which is what health and coverage then report."""
         for entry in self.sources.values():
-            entry["progress"].files_completed = entry["progress"].bytes_completed = 0
-            entry["progress"].bytes_total = 0
+            p = entry["progress"]
+            p.files_completed = p.bytes_completed = p.bytes_total = p.errors = 0
         for _h, source, path in plan:
             p = self.sources[source]["progress"]
             size = _size(path)
-            done = self._done_bytes(source, path, size)
+            done = size if path in self.failed else self._done_bytes(source, path, size)
             p.bytes_total += size
             p.bytes_completed += min(done, size)
             if done >= size:
                 p.files_completed += 1
+            if path in self.failed:
+                p.errors += 1
 
     def _done_bytes(self, source: str, path: str, size: int) -> int:
         cp = self.checkpoints.get((source, checkpoint_key(path)))
@@ -340,6 +358,8 @@ class Ingester:
             await self._run(watch, totals)
         except Stopped:
             log.info("stopped while waiting for the daemon; the unacknowledged batch is sent again next time")
+        finally:
+            await self.last_heartbeat_sent()
 
     async def _run(self, watch: bool, totals: Totals) -> None:
         await self.load_checkpoints()
@@ -546,10 +566,12 @@ class Ingester:
         try:
             events = mod.parse_document(json.loads(data), info)
         except (ValueError, RecursionError, Malformed, TypeError, KeyError, AttributeError):
-            # maybe caught mid-rewrite: tried again when the file changes; counted once per version
+            # maybe caught mid-rewrite: read again when the file changes (its size or time), counted once
+            # per version; meanwhile it is done, not backlog (its checkpoint says so, and why)
             self.doc_failures[path] = (st.st_size, st.st_mtime_ns)
             totals.malformed += 1
             totals.malformed_at.append(f"{path}: not a readable session document")
+            self.sender.stage([], {"source": info.source, "key": key[1], "value": {**base, "malformed": 1}})
             return
         self.doc_failures.pop(path, None)
         totals.lines += 1

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from protocol import history as H
 from protocol import limits as L
+from protocol.validation import epoch_ms
 
 from .events import FileTouch
 
@@ -137,7 +138,7 @@ def time_ms(value: Any) -> int | None:
             return None
         if dt.tzinfo is None:
             return None
-        ms = math.floor(dt.timestamp() * 1000)
+        ms = epoch_ms(dt)
     else:
         return None
     return ms if 0 <= ms <= L.TIME_MS_MAX else None

@@ -116,12 +116,16 @@ def resolve(path: str, cwd: str | None, session: Project | None = None) -> Resol
     return Resolved(absolute, None, None, None)
 
 
-def launch_context(path: str, cwd: str) -> dict[str, object]:
+def launch_context(path: str, cwd: str | None) -> dict[str, object]:
     """What the front-end tells the daemon for file_attention: the launch project's identity and the
     requested path's tail (relative paths resolve from the launch directory, so a file that does not
-    exist yet, or any more, keeps the launch project's provenance)."""
+    exist yet, or any more, keeps the launch project's provenance). Without a launch directory (an
+    HTTP client that declared no roots) a relative path stays as given and no project is known."""
     git_boundary.cache_clear()  # the front-end lives long; a repository may have appeared since
     common_dir.cache_clear()
+    if cwd is None and not os.path.isabs(path):
+        return {"cwd": None, "project": None, "tail": os.path.normpath(path), "tail_is_absolute": False,
+                "stripped_root": None, "path_project": None}
     launch = project_of(cwd)
     absolute = os.path.normpath(path if os.path.isabs(path) else os.path.join(cwd, path))
     parent = os.path.dirname(absolute)

@@ -100,7 +100,8 @@ async def _run(args: argparse.Namespace) -> None:
     endpoint = args.endpoint or config.default_endpoint(data_dir)
     client = DaemonClient(endpoint, timeout=args.timeout, curve_server_key=args.curve_server_key)
     spawner = None if args.no_spawn else Spawner(client, data_dir, endpoint)
-    server = build_server(Backend(client, spawner), args.tools)
+    # stdio: the host started this process in its project; HTTP: clients must say (MCP roots)
+    server = build_server(Backend(client, spawner), args.tools, None if args.http else os.getcwd())
     try:
         async with anyio.create_task_group() as tg:
             if spawner is not None:

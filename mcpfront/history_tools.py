@@ -25,24 +25,17 @@ _BOOL = {"type": "boolean"}
 _OBJ = {"type": "object"}
 
 
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    out = dict(schema)
-    t = out.get("type")
-    out["type"] = [t, "null"] if isinstance(t, str) else [*t, "null"]
-    if "enum" in out:
-        out["enum"] = [*out["enum"], None]
-    return out
-
-
+# Optional fields are declared with their plain type (the daemon also takes null for "not given"): a
+# union such as ["integer", "null"] makes some clients (the MCP Inspector CLI among them) send "5".
 def _int(desc: str, lo: int, hi: int, default: int | None = None) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": ["integer", "null"], "description": desc, "minimum": lo, "maximum": hi}
+    schema: dict[str, Any] = {"type": "integer", "description": desc, "minimum": lo, "maximum": hi}
     if default is not None:
         schema["default"] = default
     return schema
 
 
 def _filter(what: str) -> dict[str, Any]:
-    return {"type": ["string", "null"], "minLength": 1, "maxLength": H.FILTER_MAX_BYTES,
+    return {"type": "string", "minLength": 1, "maxLength": H.FILTER_MAX_BYTES,
             "description": f"Optional exact, case-sensitive {what} filter (blank is refused). "}
 
 
@@ -59,10 +52,10 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
         "query": {"type": "string", "minLength": 1, "maxLength": H.QUERY_MAX_CHARS,
                   "description": "Keywords to find (English, Japanese and other languages; stemmed, case- and "
                                  "width-insensitive). Must not be blank."},
-        "within_id": {"type": ["string", "null"], "maxLength": H.ID_MAX_CHARS,
+        "within_id": {"type": "string", "maxLength": H.ID_MAX_CHARS,
                       "description": "Optional session:... or turn:... id (as returned) to search inside. Event ids "
                                      "are not scopes."},
-        "event_types": {"type": ["array", "null"], "minItems": 1, "uniqueItems": False,
+        "event_types": {"type": "array", "minItems": 1, "uniqueItems": False,
                         "items": {"type": "string", "enum": list(H.EVENT_TYPES)},
                         "description": "Event types to search. Default: user_input and assistant_response (what was "
                                        "asked and concluded). Add tool_call / tool_response for raw tool evidence "
@@ -88,30 +81,30 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
         "end_datetime": {**DATETIME, "description": "Window end (exclusive): sessions started before it. "
                          + DATETIME["description"]},
         "limit": _int("Sessions per page.", H.LIST_LIMIT_MIN, H.LIST_LIMIT_MAX, H.LIST_LIMIT_DEFAULT),
-        "cursor": {"type": ["string", "null"], "maxLength": 1024,
+        "cursor": {"type": "string", "maxLength": 1024,
                    "description": "next_cursor of the previous page, with the same filters and sort."},
-        "mode": _nullable({"type": "string", "enum": list(H.MODES), "description": "Optional session mode."}),
+        "mode": {"type": "string", "enum": list(H.MODES), "description": "Optional session mode."},
         "harness": HARNESS,
         "source": SOURCE,
-        "sort": _nullable({"type": "string", "enum": list(H.SORTS), "default": "desc",
-                           "description": "By last update, then id: desc (newest first, default) or asc."}),
+        "sort": {"type": "string", "enum": list(H.SORTS), "default": "desc",
+                           "description": "By last update, then id: desc (newest first, default) or asc."},
     }},
     "file_attention": {"type": "object", "additionalProperties": False, "required": ["path"], "properties": {
         "path": {"type": "string", "minLength": 1, "maxLength": H.PATH_MAX_BYTES,
                  "description": "The file: project-relative (resolved from the directory the MCP client was "
                                 "launched in) or absolute. No file:// URIs, no trailing slash."},
-        "scope": _nullable({"type": "string", "enum": list(H.SCOPES), "default": "project",
+        "scope": {"type": "string", "enum": list(H.SCOPES), "default": "project",
                             "description": "project (default): only the launch project (all its git worktrees); "
-                                           "all: every project."}),
-        "granularity": _nullable({"type": "string", "enum": list(H.GRANULARITIES), "default": "sessions",
-                                  "description": "sessions (one rollup per session, default) or events (every touch)."}),
-        "start_datetime": _nullable({**DATETIME, "description": "Optional: touches at or after this time. "
-                                     + DATETIME["description"]}),
-        "end_datetime": _nullable({**DATETIME, "description": "Optional: touches before this time."}),
+                                           "all: every project."},
+        "granularity": {"type": "string", "enum": list(H.GRANULARITIES), "default": "sessions",
+                                  "description": "sessions (one rollup per session, default) or events (every touch)."},
+        "start_datetime": {**DATETIME, "description": "Optional: touches at or after this time. "
+                                     + DATETIME["description"]},
+        "end_datetime": {**DATETIME, "description": "Optional: touches before this time."},
         "tool": {**_filter("tool name"), "description": "Optional tool name filter (case-insensitive), e.g. Edit."},
         "harness": HARNESS,
         "source": SOURCE,
-        "mutations_only": {"type": ["boolean", "null"], "default": False,
+        "mutations_only": {"type": "boolean", "default": False,
                            "description": "Only edits, writes and deletes (no reads)."},
         "limit": _int("Maximum rows.", H.ATTENTION_LIMIT_MIN, H.ATTENTION_LIMIT_MAX, H.ATTENTION_LIMIT_DEFAULT),
     }},
@@ -120,10 +113,11 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
 
 _FAMILY = ("History family (agent transcripts and every stored message as sessions → turns → events; "
            "read-only; ids are opaque typed strings session:/turn:/event: to pass back unchanged). ")
+_ERRORS = (" Errors: schema_version convmem.mcp.error.v1 with error.code "
+           f"({', '.join(H.ERROR_CODES)}); busy and read_model_refresh errors carry retryable and retry_after_ms.")
 _FOOT = (" Results: {schema_version, tool, request, data, warnings, performance}; data.coverage and a "
          "coverage_partial / coverage_unknown warning say when ingestion is incomplete, so a missing hit is not "
-         "proof that something never happened. Errors: schema_version convmem.mcp.error.v1 with error.code "
-         f"({', '.join(H.ERROR_CODES)}); busy and read_model_refresh errors carry retryable and retry_after_ms.")
+         "proof that something never happened." + _ERRORS)
 
 DESCRIPTIONS = {
     "search_sessions": _FAMILY + (
@@ -157,7 +151,8 @@ DESCRIPTIONS = {
         "Is agent-history ingestion healthy and complete? Takes {}. Returns conditions (health, coverage, freshness, "
         "readiness: each state true/false/unknown with a reason code), the latest ingester heartbeat (files and bytes "
         "discovered vs done, backlog), per-source progress (events ingested, secrets redacted, malformed records), "
-        "and a rate/ETA once enough progress has been seen. Never returns file paths or raw errors." + _FOOT),
+        "and a rate/ETA once enough progress has been seen. Never returns file paths or raw errors. Results: "
+        "{schema_version, tool, request, data, warnings, performance}." + _ERRORS),
 }
 
 TITLES = {
@@ -241,16 +236,30 @@ assert set(INPUT_SCHEMAS) == set(DESCRIPTIONS) == set(TITLES) == set(OUTPUT_SCHE
 
 def echo(tool: str, args: Any) -> dict[str, Any]:
     """The caller's arguments as an error envelope's ``request``: only the tool's own parameter names,
-    long strings cut (an unknown name is not quoted back)."""
+    each value bounded (long strings cut, long lists shortened, deep structures summarised) so an error
+    is never bigger than a few kilobytes; an unknown name is not quoted back."""
     if not isinstance(args, dict):
         return {}
     known = INPUT_SCHEMAS[tool]["properties"]
-    out = {}
-    for key, value in args.items():
-        if key in known:
-            out[key] = value[:ECHO_MAX_CHARS] + "…" if isinstance(value, str) and len(value) > ECHO_MAX_CHARS \
-                else value
-    return out
+    return {key: _bounded(value, 3) for key, value in args.items() if key in known}
+
+
+ECHO_ITEMS_MAX = 16
+
+
+def _bounded(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        return value[:ECHO_MAX_CHARS] + "…" if len(value) > ECHO_MAX_CHARS else value
+    if isinstance(value, list):
+        if depth <= 0:
+            return f"[{len(value)} items]"
+        out = [_bounded(v, depth - 1) for v in value[:ECHO_ITEMS_MAX]]
+        return out + [f"… {len(value) - ECHO_ITEMS_MAX} more"] if len(value) > ECHO_ITEMS_MAX else out
+    if isinstance(value, dict):
+        if depth <= 0 or len(value) > ECHO_ITEMS_MAX:
+            return f"{{{len(value)} fields}}"
+        return {str(k)[:64]: _bounded(v, depth - 1) for k, v in value.items()}
+    return value
 
 
 def envelope(tool: str, args: Any, reply: dict[str, Any], elapsed_ms: float) -> dict[str, Any]:

@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import time
+import warnings
+from urllib.parse import unquote, urlparse
 from typing import Any
 
 import mcp_types as types
@@ -35,6 +37,7 @@ from .tools import FAMILIES, FAMILY_DEFAULT, INPUT_SCHEMAS, tool_list
 log = logging.getLogger(__name__)
 
 REBUILD_POLL_S = 0.05
+ROOTS_TIMEOUT_S = 2.0
 REBUILD_MAX_S = 30 * 60.0
 INTERNAL_MESSAGE = "internal error in the MCP front-end"
 
@@ -69,8 +72,9 @@ class Backend:
         self.spawner = spawner
         self.rebuild_max_s = rebuild_max_s
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """The tool's result: the memory contract's reply, or a history envelope."""
+    async def call(self, name: str, arguments: dict[str, Any], launch_dir: str | None = None) -> dict[str, Any]:
+        """The tool's result: the memory contract's reply, or a history envelope. ``launch_dir`` is where
+        the client runs (file_attention resolves paths and the project from it)."""
         t0 = time.perf_counter()
         if self.spawner is not None:
             await self.spawner.ensure()
@@ -81,7 +85,7 @@ class Backend:
         elif name in HISTORY_TOOLS:
             context = None
             if name in H.LAUNCH_CONTEXT_TOOLS:
-                context = await asyncio.to_thread(self._launch_context, arguments)
+                context = await asyncio.to_thread(self._launch_context, arguments, launch_dir)
             reply = await self.client.request(name, arguments, rid, known=known, context=context)
         else:
             reply = await self.client.request(name, arguments, rid, known=known)
@@ -92,15 +96,15 @@ class Backend:
         return reply
 
     @staticmethod
-    def _launch_context(arguments: Any) -> dict[str, Any] | None:
-        """Where this front-end was launched and what the requested path is relative to it (None when
-        the path is not a usable string: the daemon's validation then says why)."""
+    def _launch_context(arguments: Any, launch_dir: str | None) -> dict[str, Any] | None:
+        """The client's launch project and what the requested path is relative to it (None when the path
+        is not a usable string: the daemon's validation then says why)."""
         path = arguments.get("path") if isinstance(arguments, dict) else None
         if not isinstance(path, str) or not path.strip() or path != path.strip() or "\x00" in path \
                 or len(path) > H.PATH_MAX_BYTES:
             return None
         try:
-            return launch_context(path, os.getcwd())
+            return launch_context(path, launch_dir)
         except (OSError, ValueError):
             return None
 
@@ -157,7 +161,32 @@ def to_result(reply: Any, name: str | None = None) -> types.CallToolResult:
     )
 
 
-def build_server(backend: Backend, family: str = FAMILY_DEFAULT) -> Server[Any]:
+async def client_launch_dir(ctx: ServerRequestContext[Any], local: str | None) -> str | None:
+    """Where the client runs: the first ``file://`` root it declares (the way an MCP client tells a server
+    its workspace; asked only of clients that have the roots capability), else ``local`` — the
+    front-end's own working directory for a stdio server, which its host starts there; nothing for
+    HTTP, which may serve clients from anywhere."""
+    session = ctx.session
+    try:
+        caps = session.client_params.capabilities if session.client_params is not None else None
+        if caps is not None and caps.roots is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # roots are deprecated in the newest protocol, not gone
+                result = await asyncio.wait_for(session.list_roots(), ROOTS_TIMEOUT_S)
+            for root in result.roots:
+                uri = str(root.uri)
+                if uri.startswith("file://"):
+                    path = unquote(urlparse(uri).path)
+                    if os.path.isabs(path):
+                        return os.path.normpath(path)
+    except (asyncio.TimeoutError, Exception):  # a client that does not answer: fall back
+        log.debug("could not list the client's roots", exc_info=True)
+    return local
+
+
+def build_server(backend: Backend, family: str = FAMILY_DEFAULT, local_launch_dir: str | None = None) -> Server[Any]:
+    """``local_launch_dir``: the launch directory to assume for clients that declare no roots (stdio:
+    the working directory the host started this process in)."""
     tools = tool_list(family)
     names = frozenset(FAMILIES[family])
 
@@ -173,7 +202,8 @@ def build_server(backend: Backend, family: str = FAMILY_DEFAULT) -> Server[Any]:
             return types.ErrorData(code=types.INVALID_PARAMS,
                                    message="Unknown tool; tools/list gives the available tools")
         try:
-            reply = await backend.call(name, params.arguments or {})
+            launch = await client_launch_dir(ctx, local_launch_dir) if name in H.LAUNCH_CONTEXT_TOOLS else None
+            reply = await backend.call(name, params.arguments or {}, launch)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -427,14 +427,24 @@ assert set(INPUT_SCHEMAS) == set(OUTPUT_SCHEMAS) == set(DESCRIPTIONS) == set(ANN
     == set(ALL_TOOLS)
 
 
+# With both families listed, the memory tools that recall say when the history family serves better.
+CROSS_FAMILY = {
+    name: (" With the history tools also listed: to find what happened in past agent sessions (what was asked, "
+           "run, printed, which files were touched) prefer search_sessions and open, which return short "
+           "snippets and ids instead of whole messages; use this tool for memories written on purpose.")
+    for name in ("search_messages", "read_messages")
+}
+
+
 def tool_list(family: str = FAMILY_DEFAULT) -> list[types.Tool]:
     out = []
     for name in FAMILIES[family]:
         ro, destructive, idem = ANNOTATIONS[name]
+        description = DESCRIPTIONS[name] + (CROSS_FAMILY.get(name, "") if family == "all" else "")
         out.append(types.Tool(
             name=name,
             title=TITLES[name],
-            description=DESCRIPTIONS[name],
+            description=description,
             input_schema=INPUT_SCHEMAS[name],
             output_schema=OUTPUT_SCHEMAS[name],
             annotations=types.ToolAnnotations(

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import msgpack
 
 from . import limits as L
-from .validation import utf8_len
+from .validation import epoch_ms, utf8_len
 
 # --- the record model ----------------------------------------------------------------------------
 
@@ -43,6 +43,10 @@ EVENT_ROLE = {USER_INPUT: "user", ASSISTANT_RESPONSE: "assistant", REASONING: "a
               TOOL_RESPONSE: "user", SYSTEM: "system"}
 
 ENCRYPTED_REASONING = "[encrypted reasoning omitted]"
+# A turn ends (is completed) at its final assistant response, or at one of these harness notes (a user
+# interrupt, an aborted turn), stored as system events beginning with the marker. Compaction notes and
+# other system events after the final response do not reopen a turn.
+INTERRUPT_MARKERS = ("[Request interrupted", "[turn aborted")
 
 # Harnesses (what wrote the transcript) and sources (which ingest stream it came from).
 HARNESS_CLAUDE_CODE = "claude-code"
@@ -199,7 +203,7 @@ def parse_datetime(value: Any, field: str, ms_precision: bool = False) -> int:
         raise _invalid(f"{field} must be an RFC 3339 date-time such as 2026-05-08T09:00:00-04:00", field) from None
     if dt.tzinfo is None:
         raise _invalid(f"{field} must include an explicit timezone offset (Z or +HH:MM)", field)
-    ms = math.floor(dt.timestamp() * 1000)
+    ms = epoch_ms(dt)
     if not 0 <= ms <= L.TIME_MS_MAX:
         raise _invalid(f"{field} must be between 1970 and the year 10889", field)
     return ms
@@ -292,7 +296,8 @@ def parse_typed_id(value: Any, field: str) -> tuple[str, str]:
     """(kind, opaque token) of a typed id. Blank → invalid_request; not of the typed form → invalid_id.
     Whether the token is genuine (and what it names) only the daemon can tell."""
     if not isinstance(value, str):
-        raise _invalid(f"{field} must be a string id such as session:..., turn:... or event:...", field)
+        kinds = "session:... or turn:..." if field == "within_id" else "session:..., turn:... or event:..."
+        raise _invalid(f"{field} must be a string id such as {kinds}", field)
     if not value.strip():
         raise _invalid(f"{field} must not be blank", field)
     kind, sep, token = value.partition(":")
@@ -576,8 +581,8 @@ def check_session_meta(obj: Any, where: str) -> tuple[str, dict[str, Any]]:
     meta: dict[str, Any] = {}
     for key in SESSION_META_FIELDS:
         value = obj.get(key)
-        if value is None:
-            continue
+        if value is None or (isinstance(value, str) and not value.strip()):
+            continue  # absent, or blank: nothing to say (a blank title must not become a label)
         if key == "mode":
             meta[key] = _enum(MODES)(value, f"{where}.mode")
         elif key in ("harness", "source"):
@@ -608,8 +613,8 @@ _COUNTERS = ("files_total", "files_completed", "bytes_total", "bytes_completed",
 
 def validate_ingest_heartbeat(raw: Any) -> dict[str, Any]:
     """An ingester's liveness and progress report (kept in memory by the daemon, never in the log)."""
-    if not isinstance(raw, dict) or set(raw) - {"instance", "started_at", "interval_ms", "sources"}:
-        raise _invalid("ingest_heartbeat takes instance, started_at, interval_ms and sources")
+    if not isinstance(raw, dict) or set(raw) - {"instance", "started_at", "interval_ms", "sources", "final"}:
+        raise _invalid("ingest_heartbeat takes instance, started_at, interval_ms, sources and final")
     instance = _text(raw.get("instance"), "instance", 64, allow_none=False)
     started = _int(0, L.TIME_MS_MAX)(raw.get("started_at"), "started_at")
     interval = _int(100, 3_600_000)(raw.get("interval_ms"), "interval_ms")
@@ -629,7 +634,9 @@ def validate_ingest_heartbeat(raw: Any) -> dict[str, Any]:
         for key in _COUNTERS:
             item[key] = _int(0, 2**62)(s.get(key, 0), f"{where}.{key}")
         out_sources.append(item)
-    return {"instance": instance, "started_at": started, "interval_ms": interval, "sources": out_sources}
+    final = _bool(raw.get("final", False), "final")   # the ingester's last word: it is stopping
+    return {"instance": instance, "started_at": started, "interval_ms": interval, "sources": out_sources,
+            "final": final}
 
 
 def validate_ingest_checkpoints(raw: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import limits as L
@@ -363,6 +363,15 @@ def validate_delete_message(raw: Any) -> dict[str, Any]:
     return a.done(out)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def epoch_ms(dt: datetime) -> int:
+    """Milliseconds since the epoch of an aware datetime, exactly (``timestamp() * 1000`` in floating
+    point lands a millisecond early for some instants), sub-milliseconds floored."""
+    return (dt - _EPOCH) // timedelta(milliseconds=1)
+
+
 def check_time(value: Any, field: str) -> int:
     """Epoch milliseconds, or RFC 3339 text with an explicit offset ("Z" or "+09:00")."""
     if isinstance(value, str):
@@ -374,7 +383,7 @@ def check_time(value: Any, field: str) -> int:
             raise invalid(f"{field} must be epoch milliseconds or RFC 3339 date-time text") from None
         if dt.tzinfo is None or "T" not in value.upper():
             raise invalid(f"{field} must be an RFC 3339 date-time with an explicit offset (e.g. Z or +09:00)")
-        value = int(dt.timestamp() * 1000)
+        value = epoch_ms(dt)
         if not 0 <= value <= L.TIME_MS_MAX:
             raise invalid(f"{field} must be between 1970 and the year 10889")
         return value

@@ -29,12 +29,10 @@ from .model import Message
 from .snippet import compact, snippet
 from .store import Store
 
-# BM25 scores are unbounded; the interface wants 0..1. raw / (raw + SCORE_HALF) keeps the order, is
-# comparable within a response (and roughly across), and puts a typical strong match near 0.6-0.8.
-SCORE_HALF = 8.0
+CONTENT_FIELD = (0,)   # search_sessions matches event text only (a hit's snippet must be able to show the match)
 ACTION_PREVIEW_CHARS = 160
-_TOOL_TEXT_MAX = 4096    # a tool call's human-readable text repeats its arguments only up to this size
 _MODEL_LOOKBACK = 64
+_TERMINAL_LOOKBACK = 64   # trailing system notes looked past to find a turn's terminal event
 
 
 def _coverage(store: Store) -> tuple[dict[str, Any], list[str]]:
@@ -45,9 +43,27 @@ def _coverage(store: Store) -> tuple[dict[str, Any], list[str]]:
         warnings.append("coverage_partial: historical ingestion is still in progress; a missing result is not "
                         "proof that an event never happened")
     elif named == "unknown":
-        warnings.append("coverage_unknown: ingestion progress is unknown (no recent ingester heartbeat); a missing "
-                        "result is not proof that an event never happened")
+        warnings.append("coverage_unknown: ingestion progress is unknown (no ingester has reported since the daemon "
+                        "started); a missing result is not proof that an event never happened")
     return {"state": named, "reason": reason, "observed_at_unix_ms": at}, warnings
+
+
+class _Descending:
+    """A string that sorts backwards (a tie-break key for ``nlargest`` that wants the smallest first)."""
+
+    __slots__ = ("s",)
+
+    def __init__(self, s: str) -> None:
+        self.s = s
+
+    def __lt__(self, other: "_Descending") -> bool:
+        return other.s < self.s
+
+    def __gt__(self, other: "_Descending") -> bool:
+        return other.s > self.s
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Descending) and other.s == self.s
 
 
 def _ok(request: dict[str, Any], data: dict[str, Any], warnings: list[str] | None = None) -> dict[str, Any]:
@@ -158,7 +174,9 @@ class HistoryViews:
         return out
 
     def _session_completed(self, s) -> bool:
-        return self.store.by_seq[s.seqs[-1]].etype == H.ASSISTANT_RESPONSE
+        """Whether the session's latest turn reached a terminal event."""
+        _index, start, end = self._turn_at(s, len(s.turn_seqs) - 1)
+        return self._turn_facts(s, start, end)["completed"]
 
     # ---------------------------------------------------------------- turns
     def turn_of(self, msg: Message) -> tuple[int, int, int]:
@@ -186,11 +204,26 @@ class HistoryViews:
         return handles.turn_id(self.key, anchor, s.sid)
 
     def _turn_facts(self, s, start: int, end: int) -> dict[str, Any]:
+        """Whether the turn ended, at which event, and its final response. The terminal event is the
+        last assistant response, unless the turn ended at an interrupt; system notes after it (a
+        compaction marker) do not reopen the turn; anything else after it (a tool call) means the
+        agent went on, so the turn is not known to be complete."""
         by_seq = self.store.by_seq
-        last = by_seq[s.seqs[end - 1]]
-        completed = last.etype == H.ASSISTANT_RESPONSE
-        return {"completed": completed,
-                "terminal_event_id": handles.event_id(self.key, last.message_id) if completed else None}
+        terminal = final = None
+        i = end - 1
+        while i >= start and end - i <= _TERMINAL_LOOKBACK:
+            m = by_seq[s.seqs[i]]
+            if m.etype == H.ASSISTANT_RESPONSE:
+                terminal = final = i
+            elif m.etype == H.SYSTEM:
+                if not m.content.startswith(H.INTERRUPT_MARKERS):
+                    i -= 1
+                    continue
+                terminal = i
+            break
+        return {"completed": terminal is not None, "terminal": terminal, "final": final,
+                "terminal_event_id": handles.event_id(self.key, by_seq[s.seqs[terminal]].message_id)
+                if terminal is not None else None}
 
     def _turn_summary(self, s, index: int, start: int, end: int, with_ids: bool = True) -> dict[str, Any]:
         by_seq = self.store.by_seq
@@ -204,7 +237,7 @@ class HistoryViews:
             if e.tool is not None and e.etype == H.TOOL_CALL:
                 tools[e.tool] = None
         user = self._compact_ref(first) if first.etype == H.USER_INPUT else None
-        final = self._compact_ref(events[-1]) if facts["completed"] else None
+        final = self._compact_ref(events[facts["final"] - start]) if facts["final"] is not None else None
         tid = self.turn_id(s, start)
         out = {
             "id": tid,
@@ -314,9 +347,16 @@ class HistoryViews:
             return session_ok(m.session_id)
 
         n = req["n_hits"]
-        hits = store.search.search(req["query"], n + 1, accept, lambda d: (by_seq[d].timestamp, -d))
+        key = self.key
+
+        def tiebreak(doc: int) -> tuple:   # newer first, then the smaller event id (as agents see it)
+            m = by_seq[doc]
+            return m.timestamp, _Descending(handles.event_id(key, m.message_id))
+
+        hits = store.search.search(req["query"], n + 1, accept, tiebreak, CONTENT_FIELD)
         truncated = len(hits) > n
-        hits = sorted(hits, key=lambda h: (-h.score, -by_seq[h.doc].timestamp, by_seq[h.doc].message_id))[:n]
+        hits = hits[:n]   # already in the interface's order: score, then time, then event id
+        top = hits[0].score if hits else 1.0
         results = []
         for rank, hit in enumerate(hits, 1):
             m = by_seq[hit.doc]
@@ -328,7 +368,7 @@ class HistoryViews:
             tid = self.turn_id(s, start)
             text, cut = snippet(m.content, req["query"], H.SNIPPET_CHARS)
             event = {"id": eid, "type": m.etype, "timestamp": iso_ms(m.timestamp), "ordinal": idx - start + 1,
-                     "terminal": facts["completed"] and idx == end - 1}
+                     "terminal": idx == facts["terminal"]}
             if m.tool is not None:
                 event["tool_name"] = m.tool
             session = self.session_ref(m.session_id)
@@ -337,7 +377,8 @@ class HistoryViews:
             session.pop("display_label", None)
             results.append({
                 "rank": rank,
-                "score": round(hit.score / (hit.score + SCORE_HALF), 4),
+                # BM25 is unbounded; the interface wants 0..1, comparable within a response: share of the best
+                "score": round(hit.score / top, 4),
                 "id": eid,
                 "event": event,
                 "turn": {"id": tid, "ordinal": index + 1, "completed": facts["completed"], "event_count": end - start},
@@ -410,7 +451,7 @@ class HistoryViews:
                 "ordinal": idx - start + 1,
                 "type": m.etype,
                 "timestamp": iso_ms(m.timestamp),
-                "terminal": facts["completed"] and idx == end - 1,
+                "terminal": idx == facts["terminal"],
                 "model": self._model_of(m),
                 "originating_model": self._originating_model(s, idx, start),
                 "tool_name": m.tool,
@@ -427,10 +468,11 @@ class HistoryViews:
             "traversal": {
                 "session_id": sid_handle,
                 "turn_id": tid,
-                "previous_event_id": handles.event_id(self.key, by_seq[s.seqs[idx - 1]].message_id) if idx > 0
-                else None,
+                # adjacent events within the turn (null at its ends); the turn ids cross to the next turn
+                "previous_event_id": handles.event_id(self.key, by_seq[s.seqs[idx - 1]].message_id)
+                if idx > start else None,
                 "next_event_id": handles.event_id(self.key, by_seq[s.seqs[idx + 1]].message_id)
-                if idx + 1 < len(s.seqs) else None,
+                if idx + 1 < end else None,
                 "previous_turn_id": self.turn_id(s, prev_turn[1]) if prev_turn else None,
                 "next_turn_id": self.turn_id(s, next_turn[1]) if next_turn else None,
             },
@@ -444,10 +486,7 @@ class HistoryViews:
             except ValueError:
                 arguments = None
             name = m.tool or "tool"
-            text = f"{name}({m.content})" if len(m.content) <= _TOOL_TEXT_MAX else \
-                f"{name}(… {len(m.content)} characters of arguments, in full under arguments)"
-            if arguments is None:
-                text = f"{name}: {m.content}"
+            text = f"{name}({m.content})" if arguments is not None else f"{name}: {m.content}"
             return {"format": "tool_call", "tool_name": m.tool, "arguments": arguments, "text": text,
                     "truncated": False}
         if m.etype == H.TOOL_RESPONSE:
@@ -459,11 +498,11 @@ class HistoryViews:
                     "truncated": False}
         return {"format": "text", "text": m.content, "truncated": False}
 
-    def _event_summary(self, s, idx: int, start: int, end: int, completed: bool) -> dict[str, Any]:
+    def _event_summary(self, s, idx: int, start: int, terminal: int | None) -> dict[str, Any]:
         m = self.store.by_seq[s.seqs[idx]]
         text, cut = self.event_summary_text(m)
         return {"id": handles.event_id(self.key, m.message_id), "ordinal": idx - start + 1, "type": m.etype,
-                "timestamp": iso_ms(m.timestamp), "terminal": completed and idx == end - 1, "tool_name": m.tool,
+                "timestamp": iso_ms(m.timestamp), "terminal": idx == terminal, "tool_name": m.tool,
                 "model": self._model_of(m), "summary": text, "truncated": cut}
 
     def _open_turn(self, token: str, limit: int | None, after: int | None, epoch: int | None, served: int,
@@ -473,6 +512,7 @@ class HistoryViews:
         if epoch is not None and epoch != s.epoch:
             raise self._stale()
         summary = self._turn_summary(s, index, start, end, with_ids=False)
+        terminal = self._turn_facts(s, start, end)["terminal"]
         sid_handle = handles.session_id(self.key, sid)
         prev_turn = self._turn_by_index(s, index - 1)
         next_turn = self._turn_by_index(s, index + 1)
@@ -483,7 +523,7 @@ class HistoryViews:
             i = start if after is None else bisect.bisect_right(s.seqs, after, start, end)
             used = 0
             while i < end and len(events) < limit:
-                item = self._event_summary(s, i, start, end, summary["completed"])
+                item = self._event_summary(s, i, start, terminal)
                 size = _json_len(item)
                 if events and used + size > H.PAGE_BUDGET_BYTES:
                     break
@@ -568,8 +608,8 @@ class HistoryViews:
         req = a["request"]
         start_ms, end_ms = a["start"], a["end"]
         desc = req["sort"] == "desc"
-        scope = json.dumps([req["start_datetime"], req["end_datetime"], req["mode"], req["harness"], req["source"],
-                            req["sort"]])
+        # the window as instants: "09:00+09:00" and "00:00Z" are the same listing
+        scope = json.dumps([start_ms, end_ms, req["mode"], req["harness"], req["source"], req["sort"]])
         self._orders()
         order = self._by_update
         sessions = self.store.sessions
@@ -640,7 +680,13 @@ class HistoryViews:
         if req["scope"] == "project" and not project:
             raise HistoryError(H.INVALID_REQUEST, "scope 'project' needs the launch directory's project identity "
                                                   "(a git repository or the launch directory), which could not be "
-                                                  "established; pass scope 'all'", {"field": "scope"})
+                                                  "established (over HTTP the client must declare its roots); pass "
+                                                  "scope 'all'", {"field": "scope"})
+        if req["scope"] == "project" and (absolute or (launch.get("path_project") not in (None, project))):
+            # the file lies in another project (or in none): its tail means a different file here
+            return self._attention_reply(req, tail, absolute, launch, [], False, [
+                "path_outside_launch_project: the path is not in the project this client was launched in, so "
+                "no touch of it is in scope; pass scope 'all' to see every project's touches of it"])
         name = tail.rsplit("/", 1)[-1]
         tool = req["tool"].casefold() if req["tool"] is not None else None
         start, end = a["start"], a["end"]
@@ -689,7 +735,8 @@ class HistoryViews:
         return self._attention_reply(req, tail, absolute, launch, touches, truncated_scan)
 
     def _attention_reply(self, req: dict[str, Any], tail: str, absolute: bool, launch: dict[str, Any],
-                         touches: list[tuple[Message, tuple, str]], truncated_scan: bool) -> dict[str, Any]:
+                         touches: list[tuple[Message, tuple, str]], truncated_scan: bool,
+                         extra_warnings: list[str] = ()) -> dict[str, Any]:
         key = self.key
         touches.sort(key=lambda t: (-t[0].timestamp, t[0].message_id))
         roots: dict[str, list[Any]] = {}
@@ -777,6 +824,7 @@ class HistoryViews:
         data["limit"] = limit
         data["truncated"] = total_rows > len(rows) or truncated_scan
         coverage, warnings = _coverage(self.store)
+        warnings.extend(extra_warnings)
         data["coverage"] = coverage
         if bare:
             warnings.append("ambiguous_tail: a bare file name matches that name in every directory; pass a "

@@ -96,8 +96,10 @@ class IngestState:
         return now - hb["received_at"] > max(STALE_MIN_MS, STALE_INTERVALS * hb["interval_ms"])
 
     # ---------------------------------------------------------------- derived
-    def coverage(self, store_ok: bool = True) -> tuple[str, str, int]:
-        """(state true|false|unknown, reason, observed_at ms) of historical coverage."""
+    def coverage(self) -> tuple[str, str, int]:
+        """(state true|false|unknown, reason, observed_at ms) of historical coverage: what the newest
+        heartbeat said of the files it had discovered, however old it is — a finished one-off import
+        stays complete; how current that is, is freshness's business, not coverage's."""
         now = self._wall_ms()
         hb = self._latest()
         if hb is None:
@@ -105,19 +107,21 @@ class IngestState:
                 # nothing was ever ingested: the store holds exactly what was written to it
                 return "true", "no_ingest_sources", now
             return "unknown", "no_heartbeat_since_daemon_start", now
-        if self._stale(hb, now):
-            return "unknown", "ingester_heartbeat_stale", now
         srcs = hb["sources"]
         if not all(s["discovery_complete"] for s in srcs):
             return "false", "discovery_in_progress", now
         if any(s["bytes_completed"] < s["bytes_total"] or s["files_completed"] < s["files_total"] for s in srcs):
-            return "false", "backfill_in_progress", now
+            return "false", "backfill_in_progress" if not hb["final"] else "backfill_stopped", now
+        if any(s["errors"] for s in srcs):
+            return "false", "files_unreadable", now
         return "true", "caught_up", now
 
     def conditions(self, store_error: str, rebuilding: bool, loading: bool = False) -> list[dict[str, Any]]:
         now = self._wall_ms()
         hb = self._latest()
-        stale = hb is not None and self._stale(hb, now)
+        # an ingester that said it stopped is not a dead one; one that went quiet without saying so is
+        stopped = hb is not None and hb["final"]
+        stale = hb is not None and not stopped and self._stale(hb, now)
         out = []
 
         def cond(kind: str, state: str, reason: str) -> None:
@@ -133,7 +137,7 @@ class IngestState:
         elif any(s["errors"] for s in hb["sources"]):
             cond("health", "false", "ingester_reported_errors")
         else:
-            cond("health", "true", "ok")
+            cond("health", "true", "ingester_stopped" if stopped else "ok")
         state, reason, _ = self.coverage()
         cond("coverage", state, reason)
         if hb is None:
@@ -141,6 +145,8 @@ class IngestState:
                 cond("freshness", "unknown", "no_heartbeat_since_daemon_start")
             else:
                 cond("freshness", "true", "no_ingest_sources")
+        elif stopped:
+            cond("freshness", "unknown", "no_ingester_running")
         elif stale:
             cond("freshness", "false", "ingester_heartbeat_stale")
         elif any(s["bytes_completed"] < s["bytes_total"] for s in hb["sources"]):

@@ -633,7 +633,7 @@ class SearchIndex:
             self._char_terms = ct
         return self._char_terms
 
-    def _query_lists(self, query: str) -> list:
+    def _query_lists(self, query: str, fields: tuple[int, ...] = (0, 1, 2)) -> list:
         runs = query_runs(query)
         if not runs:
             return []
@@ -651,7 +651,7 @@ class SearchIndex:
             else:
                 weights.update(run.terms)
         nf = len(FIELDS)
-        tables = [self._table(f) for f in range(nf)]
+        tables = [self._table(f) if f in fields else None for f in range(nf)]
         vocab = self._vocab
         lists: list = []
         by_term: dict[tuple[str, int], _TermList] = {}
@@ -659,7 +659,7 @@ class SearchIndex:
             tid = vocab.get(term)
             if tid is None:
                 continue
-            for f in range(nf):
+            for f in fields:
                 p = self._slots[f][tid]
                 if p is None:
                     continue
@@ -669,23 +669,23 @@ class SearchIndex:
                 lists.append(tl)
                 by_term[(term, f)] = tl
         for grams in dict.fromkeys(phrases):
-            for f in range(nf):
+            for f in fields:
                 parts = [by_term.get((g, f)) for g in grams]
                 if all(parts):
                     bonus = sum(tl.ub for tl in parts)
                     lists.append(_PhraseBonus(f, [tl.slots for tl in parts], bonus))
         for ch in dict.fromkeys(singles):
-            lists.extend(self._char_lists(ch, tables, weights[ch]))
+            lists.extend(self._char_lists(ch, tables, weights[ch], fields))
         return lists
 
-    def _char_lists(self, ch: str, tables, qtf: int) -> list:
+    def _char_lists(self, ch: str, tables, qtf: int, fields: tuple[int, ...]) -> list:
         """One-character CJK query: besides its unigram (indexed only where the character stood
         alone), the bigrams holding the character, merged into one synthetic term per field
         whose df is the number of docs reached; a doc counts its best posting among them.
         Reads at most ~_CHAR_EXPANSION_BUDGET postings, so a very common character is partial."""
         tids = self._char_index().get(ch, ())
         out = []
-        for f in range(len(FIELDS)):
+        for f in fields:
             slots_f, keys_f = self._slots[f], self._keys[f]
             t = tables[f]
             best: dict[int, float] = {}  # slot → best impact among the expansions
@@ -720,10 +720,13 @@ class SearchIndex:
         limit: int,
         accept: Callable[[int], bool] | None = None,
         tiebreak: Callable[[int], tuple] | None = None,
+        fields: tuple[int, ...] = (0, 1, 2),
     ) -> list[Hit]:
+        """The ``limit`` best acceptable docs, exactly, ordered by score then ``tiebreak`` (default: doc),
+        both descending. ``fields`` (indexes into FIELDS) restricts which fields may match."""
         if limit <= 0 or not self._live:
             return []
-        lists = self._query_lists(query)
+        lists = self._query_lists(query, fields)
         if not lists:
             return []
         lists.sort(key=lambda tl: -tl.ub)

@@ -16,6 +16,8 @@ from .tokenize import _word_term, normalize, query_runs
 _WS = re.compile(r"\s+")
 _WORD_AT = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
 MATCHES_PER_TERM = 2000
+UNITS_MAX = 24        # query units located (a 4096-character query must not mean 4096 scans of the text)
+WHOLE_RUN_MAX = 64    # a CJK run is also looked for whole when it is at most this long
 ELLIPSIS = "…"
 
 
@@ -40,10 +42,13 @@ def _patterns(query: str) -> tuple[tuple[str, str | None], ...]:
     out = []
     seen = set()
     for run in query_runs(query):
+        if len(out) >= UNITS_MAX:
+            break
         if run.cjk:
             whole = run.terms[0] + "".join(g[1:] for g in run.terms[1:])  # the run, from its bigrams
-            for piece in dict.fromkeys((whole, *run.terms)):
-                if piece not in seen:
+            pieces = (whole, *run.terms) if len(whole) <= WHOLE_RUN_MAX else run.terms
+            for piece in dict.fromkeys(pieces):
+                if piece not in seen and len(out) < UNITS_MAX:
                     seen.add(piece)
                     out.append((piece, None))
             continue
@@ -82,12 +87,9 @@ def snippet(text: str, query: str, max_chars: int) -> tuple[str, bool]:
     if len(text) <= max_chars and "\n" not in text and "  " not in text:
         return text, False
     folded = text.lower() if text.isascii() else normalize(text)
+    to_text = _identity
     if len(folded) != len(text):
-        # NFKC/case folding changed lengths (ligatures, ß...): offsets map by proportion, close enough
-        # to centre a window, and the window is cut from the original text
-        ratio = len(text) / max(1, len(folded))
-    else:
-        ratio = 1.0
+        folded, to_text = _folded_with_map(text)
     found = _matches(folded, query)
     if not found:
         return compact(text, max_chars)
@@ -106,7 +108,7 @@ def snippet(text: str, query: str, max_chars: int) -> tuple[str, bool]:
         if len(counts) > best:
             best, best_start = len(counts), found[j][0]
     lead = max_chars // 5
-    start = max(0, int(best_start * ratio) - lead)
+    start = max(0, to_text(best_start) - lead)
     if start:
         space = text.rfind(" ", max(0, start - 20), start + 1)
         start = space + 1 if space >= 0 else start
@@ -120,3 +122,33 @@ def snippet(text: str, query: str, max_chars: int) -> tuple[str, bool]:
             body = body[:space]
     out = (ELLIPSIS if start else "") + body.strip() + (ELLIPSIS if more else "")
     return out, bool(start) or more
+
+
+def _identity(offset: int) -> int:
+    return offset
+
+
+FOLD_CHUNK = 256
+
+
+def _folded_with_map(text: str):
+    """(folded text, folded offset -> text offset) when NFKC/case folding changes lengths (ß -> ss,
+    ligatures...): the text is folded in chunks of FOLD_CHUNK characters, so the map is exact at every
+    chunk start and off by at most a few characters within one."""
+    import bisect
+
+    pieces, folded_starts, text_starts, ratios = [], [], [], []
+    f = 0
+    for t in range(0, len(text), FOLD_CHUNK):
+        chunk = text[t:t + FOLD_CHUNK]
+        piece = normalize(chunk)
+        pieces.append(piece)
+        folded_starts.append(f)
+        text_starts.append(t)
+        ratios.append(len(chunk) / len(piece) if piece else 1.0)
+        f += len(piece)
+
+    def to_text(offset: int) -> int:
+        i = max(0, bisect.bisect_right(folded_starts, offset) - 1)
+        return text_starts[i] + int((offset - folded_starts[i]) * ratios[i])
+    return "".join(pieces), to_text

@@ -846,7 +846,18 @@ def test_damaged_files_are_counted_and_skipped(env):
     gemini_file(env.home).write_text(json.dumps(gemini_doc(1)))
     r = env.ingest("gemini-cli")
     assert (r["malformed"], r["imported"]) == (3, GEMINI_EVENTS_PER_TURN)
-    assert env.ingest("gemini-cli")["malformed"] == 3   # still damaged: counted again, still not fatal
+    # unchanged, they are not read again (each counted once per version, in its checkpoint), they are
+    # not backlog, and the status says what was skipped
+    assert env.ingest("gemini-cli")["malformed"] == 0
+    status = env.c.call("get_ingest_status", {})["data"]
+    gemini = next(s for s in status["sources"] if s["source"] == "gemini")
+    assert gemini["malformed_records"] == 3
+    assert {"code": "malformed_records_skipped"} in [{"code": a["code"]} for a in status["alerts"]]
+    conds = {c["condition_type"]: c for c in status["conditions"]}
+    assert conds["coverage"]["state"] == "true", conds
+    # a damaged document that changes is read again
+    (gdir / "session-notjson.json").write_bytes(b'{"sessionId": "x", "messages": [ ')
+    assert env.ingest("gemini-cli")["malformed"] == 1
 
 
 def test_names_and_text_that_are_not_utf8(env, tmp_path):
