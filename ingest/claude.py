@@ -56,7 +56,7 @@ HARNESS = H.HARNESS_CLAUDE_CODE
 SOURCES = (H.SOURCE_CLAUDE, H.SOURCE_CLAUDE_SUBAGENTS)
 
 _SYSTEM_PROMPT_PREFIXES = ("<local-command-stdout>", "<local-command-stderr>", "<bash-stdout>", "<bash-stderr>",
-                           "[Request interrupted by user")
+                           H.REQUEST_INTERRUPTED)  # an interrupt ends the turn (protocol.history)
 _COMMAND_PREFIXES = ("<command-name>", "<bash-input>")
 
 

@@ -132,7 +132,7 @@ def _event_msg(p: dict[str, Any], info: SessionInfo) -> list[Event]:
             info.first_prompt = text
     elif ptype == "turn_aborted":
         reason = p.get("reason") if _text(p.get("reason")) else "unknown"
-        return [_event(H.SYSTEM, f"[turn aborted: {reason}]")]
+        return [_event(H.SYSTEM, f"{H.TURN_ABORTED}: {reason}]")]
     return []
 
 

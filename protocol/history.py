@@ -46,7 +46,9 @@ ENCRYPTED_REASONING = "[encrypted reasoning omitted]"
 # A turn ends (is completed) at its final assistant response, or at one of these harness notes (a user
 # interrupt, an aborted turn), stored as system events beginning with the marker. Compaction notes and
 # other system events after the final response do not reopen a turn.
-INTERRUPT_MARKERS = ("[Request interrupted", "[turn aborted")
+REQUEST_INTERRUPTED = "[Request interrupted"   # Claude Code's own words, kept as the event text
+TURN_ABORTED = "[turn aborted"                 # the Codex parser's note for a turn_aborted record
+INTERRUPT_MARKERS = (REQUEST_INTERRUPTED, TURN_ABORTED)
 
 # Harnesses (what wrote the transcript) and sources (which ingest stream it came from).
 HARNESS_CLAUDE_CODE = "claude-code"
