@@ -108,8 +108,9 @@ class SqliteBaseline:
 
 
 def start_daemon(data_dir: str, endpoint: str | None = None, timeout: float = 600.0,
-                 log_path: str | None = None) -> tuple[subprocess.Popen, float]:
-    """Start ``python -m storaged`` and wait until it answers ping. Returns (process, seconds to ready)."""
+                 log_path: str | None = None, profile: str | None = None) -> tuple[subprocess.Popen, float]:
+    """Start ``python -m storaged`` (under cProfile, stats to ``profile``, if given) and wait until it
+    answers ping as loaded. Returns (process, seconds to ready)."""
     import msgpack
     import zmq
 
@@ -120,12 +121,13 @@ def start_daemon(data_dir: str, endpoint: str | None = None, timeout: float = 60
     ep = endpoint or default_endpoint(data_dir)
     err = open(log_path, "ab") if log_path else subprocess.DEVNULL
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "storaged", "--data-dir", data_dir, "--endpoint", ep],
+    pre = ["-m", "cProfile", "-o", profile] if profile else []
+    proc = subprocess.Popen([sys.executable, *pre, "-m", "storaged", "--data-dir", data_dir, "--endpoint", ep],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO)
     ctx = zmq.Context.instance()
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited with {proc.returncode}")
+            raise RuntimeError(f"daemon exited with {proc.returncode}" + (f" (log: {log_path})" if log_path else ""))
         s = ctx.socket(zmq.REQ)
         s.setsockopt(zmq.LINGER, 0)
         s.connect(ep)

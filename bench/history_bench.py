@@ -61,10 +61,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import msgpack  # noqa: E402
 import zmq  # noqa: E402
 from ulid import ULID  # noqa: E402
 
+from bench import common  # noqa: E402
 from bench.common import (REPO, pct, print_table, rss_bytes, stop, turns as locomo_turns,  # noqa: E402
                           write_json)
 from protocol.config import default_endpoint  # noqa: E402
@@ -441,30 +441,7 @@ class Corpus:
 def start_daemon(data_dir: str, log_path: str, profile: str | None = None,
                  timeout: float = 1800.0) -> tuple[subprocess.Popen, float]:
     """``python -m storaged`` (under cProfile if ``profile``), waiting until it answers ping as loaded."""
-    ep = default_endpoint(data_dir)
-    pre = ["-m", "cProfile", "-o", profile] if profile else []
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, *pre, "-m", "storaged", "--data-dir", data_dir, "--endpoint", ep],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log_path, "ab"),
-                            cwd=REPO)
-    ctx = zmq.Context.instance()
-    while time.monotonic() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited with {proc.returncode} (log: {log_path})")
-        s = ctx.socket(zmq.REQ)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(ep)
-        s.send(encode_request("ping", {}, str(ULID())))
-        if s.poll(200):
-            reply = msgpack.unpackb(s.recv(), raw=False)
-            s.close()
-            if not reply.get("loading"):
-                return proc, time.monotonic() - t0
-            time.sleep(0.01)
-            continue
-        s.close()
-    stop(proc)
-    raise RuntimeError("daemon did not become ready")
+    return common.start_daemon(data_dir, default_endpoint(data_dir), timeout, log_path, profile)
 
 
 class Req:
