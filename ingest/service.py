@@ -535,7 +535,7 @@ class Ingester:
     def _jsonl_cp(self, fd: int, st: os.stat_result, end: int, info: SessionInfo, counts: dict[str, int],
                   last_ts: int | None, path: str) -> dict[str, Any]:
         return reader.jsonl_checkpoint(fd, st, end, info=_stash(info), last_ts=last_ts, at=_now_ms(),
-                                       tail_only=end < st.st_size, **counts)
+                                       tail_only=end < st.st_size, harness=info.harness, **counts)
 
     # ------------------------------------------------------------------ whole JSON documents
     async def _document(self, harness: str, path: str, totals: Totals) -> None:
@@ -554,6 +554,7 @@ class Ingester:
             os.close(fd)
         totals.files += 1
         base = {"file": [st.st_dev, st.st_ino], "size": st.st_size, "mtime_ns": st.st_mtime_ns, "bytes": st.st_size,
+                "harness": info.harness,
                 "at": _now_ms()}
         if data is None:
             totals.malformed += 1

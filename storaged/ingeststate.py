@@ -61,6 +61,8 @@ class IngestState:
                 totals[k] += _num(value.get(k))
             totals["files"] += 1
             totals["last_at"] = max(totals["last_at"], _num(value.get("at")))
+            if isinstance(value.get("harness"), str):
+                totals["harness"] = value["harness"]   # a source's harness, known without a heartbeat
 
     def of_source(self, source: str) -> dict[str, dict[str, Any]]:
         return {key: value for (src, key), value in self.checkpoints.items() if src == source}
@@ -193,7 +195,7 @@ class IngestState:
             s = live.get(name)
             sources.append({
                 "source": name,
-                "harness": s["harness"] if s else None,
+                "harness": s["harness"] if s else t.get("harness"),
                 "files_checkpointed": t.get("files", 0),
                 "bytes_ingested": t.get("bytes", 0),
                 "events_ingested": t.get("events", 0),
