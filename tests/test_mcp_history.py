@@ -9,7 +9,6 @@ retry hint while the daemon is still loading, and how many bytes an agent receiv
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
