@@ -349,6 +349,13 @@ def _query(value: Any, field: str) -> str:
     return text
 
 
+def _cursor(value: Any, tool: str) -> str:
+    """The shape of a next_cursor (whether it is genuine, the daemon's MAC tells)."""
+    if not isinstance(value, str) or not value.strip() or len(value) > L.CURSOR_MAX_BYTES:
+        raise _invalid(f"cursor must be the next_cursor string of a previous {tool}, unchanged", "cursor")
+    return value
+
+
 def validate_search_sessions(raw: Any) -> dict[str, Any]:
     a = _Args(raw, "search_sessions", SEARCH_FIELDS)
     request = {
@@ -374,9 +381,7 @@ def validate_open(raw: Any) -> dict[str, Any]:
         if a.has("id") or a.has("limit"):
             raise _invalid("cursor must be passed by itself (it carries the id and the page size); "
                            "to start over, pass id and limit without cursor", "cursor")
-        cursor = a.raw["cursor"]
-        if not isinstance(cursor, str) or not cursor.strip() or len(cursor) > L.CURSOR_MAX_BYTES:
-            raise _invalid("cursor must be the next_cursor string of a previous open, unchanged", "cursor")
+        cursor = _cursor(a.raw["cursor"], "open")
         return {"request": {"cursor": cursor}, "id": None, "limit": None, "cursor": cursor}
     if not a.has("id"):
         if a.has("limit"):
@@ -411,10 +416,7 @@ def validate_list_sessions(raw: Any) -> dict[str, Any]:
         "sort": a.get("sort", _enum(SORTS), "desc"),
     }
     if a.has("cursor"):
-        cursor = a.raw["cursor"]
-        if not isinstance(cursor, str) or not cursor.strip() or len(cursor) > L.CURSOR_MAX_BYTES:
-            raise _invalid("cursor must be the next_cursor string of a previous list_sessions, unchanged", "cursor")
-        request["cursor"] = cursor
+        request["cursor"] = _cursor(a.raw["cursor"], "list_sessions")
     return {"request": request, "start": start, "end": end}
 
 

@@ -179,6 +179,13 @@ class HistoryViews:
         return self._turn_facts(s, start, end)["completed"]
 
     # ---------------------------------------------------------------- turns
+    def _place(self, m: Message) -> tuple[Any, int, int, int, int, dict[str, Any]]:
+        """Where an event stands: (its session, turn index, the turn's start and end in session.seqs,
+        its own index there, the turn's terminal facts)."""
+        s = self.store.sessions[m.session_id]
+        index, start, end = self.turn_of(m)
+        return s, index, start, end, bisect.bisect_left(s.seqs, m.seq), self._turn_facts(s, start, end)
+
     def turn_of(self, msg: Message) -> tuple[int, int, int]:
         """(turn index 0-based, first index in session.seqs, end index) of the turn holding ``msg``."""
         s = self.store.sessions[msg.session_id]
@@ -360,10 +367,7 @@ class HistoryViews:
         results = []
         for rank, hit in enumerate(hits, 1):
             m = by_seq[hit.doc]
-            s = store.sessions[m.session_id]
-            index, start, end = self.turn_of(m)
-            idx = bisect.bisect_left(s.seqs, m.seq)
-            facts = self._turn_facts(s, start, end)
+            s, index, start, end, idx, facts = self._place(m)
             eid = handles.event_id(self.key, m.message_id)
             tid = self.turn_id(s, start)
             text, cut = snippet(m.content, req["query"], H.SNIPPET_CHARS)
@@ -433,10 +437,7 @@ class HistoryViews:
 
     def _open_event(self, m: Message) -> dict[str, Any]:
         store = self.store
-        s = store.sessions[m.session_id]
-        index, start, end = self.turn_of(m)
-        idx = bisect.bisect_left(s.seqs, m.seq)
-        facts = self._turn_facts(s, start, end)
+        s, index, start, end, idx, facts = self._place(m)
         sid_handle = handles.session_id(self.key, s.sid)
         tid = self.turn_id(s, start)
         prev_turn = self._turn_by_index(s, index - 1)
