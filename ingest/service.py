@@ -255,7 +255,7 @@ class Ingester:
                 self.sender.inflight.cancel()
 
     async def _pass(self, totals: Totals) -> None:
-        self.failed: set[str] = set()     # files this pass could not read or ingest
+        self.failed = set()
         plan: list[tuple[str, str, str]] = []
         self.sources = {}
         for harness in self.harnesses:
@@ -266,13 +266,7 @@ class Ingester:
                 entry["progress"].files_total += 1
         self.discovered = True
         sizes = {path: _size(path) for _h, _s, path in plan}
-        for _h, source, path in plan:
-            p = self.sources[source]["progress"]
-            p.bytes_total += sizes[path]
-            done = self._done_bytes(source, path, sizes[path])
-            p.bytes_completed += done
-            if done >= sizes[path]:
-                p.files_completed += 1
+        self._recount(plan)
         await self.heartbeat(force=True)
         for harness, source, path in plan:
             if self.stop.is_set():

@@ -173,6 +173,7 @@ def message_from_args(message_id: str, session_id: str, seq: int, ts: int, role:
 
 
 RECORD_FIELDS = 19      # fields of a message in a log record (a snapshot row adds rec_size after them)
+RECORD_FIELDS_0_1 = 16  # the same in release 0.1, before the event fields
 
 
 def _ext_fields(ext: tuple | None) -> list[Any] | None:

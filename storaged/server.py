@@ -98,7 +98,6 @@ class Server:
     def install_store(self, store: Store) -> None:
         """Start serving ``store``: every op gets its handler."""
         history = HistoryViews(store)
-        self.history = history
         self.handlers = {
             "ping": self._ping,
             "write_message": lambda a, rid: store.write_message(a, rid),

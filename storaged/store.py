@@ -27,7 +27,7 @@ from .handles import session_digest
 from .idgen import IdClock
 from .indexes import RelationIndex, Session, TouchIndex
 from .ingeststate import IngestState
-from .model import RECORD_FIELDS, Message, message_from_args
+from .model import RECORD_FIELDS, RECORD_FIELDS_0_1, Message, message_from_args
 from .search import SearchIndex
 
 LOG = logging.getLogger("convmem.storaged")
@@ -53,7 +53,7 @@ class Store:
         self.by_seq: dict[int, Message] = {}
         self.sessions: dict[str, Session] = {}
         # history interface: session metadata (harness, source, title, cwd, project...) by session id,
-        # and the log bytes of each one's newest "s" record; ingesters' checkpoints and heartbeats
+        # and the log bytes of the "s" records it was merged from; ingesters' checkpoints and heartbeats
         self.session_meta: dict[str, dict[str, Any]] = {}
         self.meta_rec_sizes: dict[str, int] = {}
         self.meta_bytes = 0                # sum of meta_rec_sizes
@@ -199,7 +199,7 @@ class Store:
         self.checkpoint_bytes = meta["checkpoint_bytes"]
         for rid, op, mid, rev in meta["rids"]:
             self.rids[rid] = (op, mid, rev)
-        rec_size_at = RECORD_FIELDS if meta["snapshot_version"] >= 3 else 16
+        rec_size_at = RECORD_FIELDS if meta["snapshot_version"] >= 3 else RECORD_FIELDS_0_1
         for sid, fields, size in meta.get("session_meta", ()):
             self.session_meta[sid] = fields
             self.meta_rec_sizes[sid] = size
