@@ -144,8 +144,11 @@ def to_result(reply: Any, name: str | None = None) -> types.CallToolResult:
     try:
         if not isinstance(reply, dict):
             raise TypeError("reply is not an object")
-        json.dumps(reply, ensure_ascii=False, allow_nan=False)  # serialisable, or an internal error
-        text = HT.render_text(reply) if history else json.dumps(reply, ensure_ascii=False, allow_nan=False)
+        if history:
+            json.dumps(reply, ensure_ascii=False, allow_nan=False)  # serialisable, or an internal error
+            text = HT.render_text(reply)
+        else:
+            text = json.dumps(reply, ensure_ascii=False, allow_nan=False)
     except Exception:
         log.exception("could not serialise a tool result")
         reply = E.error_reply(E.INTERNAL_ERROR, INTERNAL_MESSAGE)
