@@ -29,6 +29,7 @@ from .indexes import RelationIndex, Session, TouchIndex
 from .ingeststate import IngestState
 from .model import RECORD_FIELDS, RECORD_FIELDS_0_1, Message, message_from_args
 from .search import SearchIndex
+from .sessionorder import SessionOrder
 
 LOG = logging.getLogger("convmem.storaged")
 
@@ -89,7 +90,7 @@ class Store:
         self.salt = b""
         self.snapshot_pos = -1            # log size the snapshot on disk covers (-1: none for this log)
         self.cursor_key = b""
-        self.sessions_order_cache: list[tuple[int, str]] | None = None
+        self.session_order = SessionOrder()   # the sessions view's order, and its recent moves
         self.scan_result = logfile.ScanResult()
         self.salvaging = False
         self.snapshot_records = 0         # record_count when the snapshot on disk was taken
@@ -284,21 +285,21 @@ class Store:
         while len(self.rids) > RID_WINDOW:
             self.rids.popitem(last=False)
 
-    def _insert(self, msg: Message, index_search: bool = True) -> None:
+    def _insert(self, msg: Message, index_search: bool = True, track_order: bool = True) -> None:
         self.by_id[msg.message_id] = msg
         self.by_seq[msg.seq] = msg
         session = self.sessions.get(msg.session_id)
         if session is None:
             session = self.sessions[msg.session_id] = Session(msg.session_id)
             self.session_keys[session_digest(msg.session_id)] = session.sid
-            self.sessions_order_cache = None
-        elif session.seqs and msg.seq < session.seqs[0]:
-            self.sessions_order_cache = None
+            self.session_order.invalidate()
         msg.session_id = session.sid
         span = (session.min_ts, session.max_ts, len(session.seqs))
         session.add(msg)
         if span[2] == 0 or span[:2] != (session.min_ts, session.max_ts):
             self.sessions_version += 1
+            if span[2] and span[0] != session.min_ts and track_order:
+                self.session_order.moved(session.sid, span[0])
         self.relations.add(msg)
         if msg.ext is not None:
             self.touches.add(msg)
@@ -331,27 +332,25 @@ class Store:
                 self.touches.add(msg)
             live += msg.rec_size
         self.live_bytes += live
-        self.sessions_order_cache = None
+        self.session_order.invalidate()
         self.sessions_version += 1
 
-    def _remove(self, msg: Message, keep_slot: bool = False) -> None:
+    def _remove(self, msg: Message, keep_slot: bool = False, track_order: bool = True) -> None:
         del self.by_id[msg.message_id]
         if not keep_slot:
             del self.by_seq[msg.seq]
         session = self.sessions[msg.session_id]
-        first = session.seqs[0] == msg.seq
         span = (session.min_ts, session.max_ts)
         session.remove(msg, self.by_seq)
         if not session.seqs:
             del self.sessions[msg.session_id]
             self.session_keys.pop(session_digest(msg.session_id), None)
-            self.sessions_order_cache = None
+            self.session_order.invalidate()
             self.sessions_version += 1
-        else:
-            if first:
-                self.sessions_order_cache = None
-            if span != (session.min_ts, session.max_ts):
-                self.sessions_version += 1
+        elif span != (session.min_ts, session.max_ts):
+            self.sessions_version += 1
+            if span[0] != session.min_ts and track_order:
+                self.session_order.moved(session.sid, span[0])
         self.relations.remove(msg)
         if msg.ext is not None:
             self.touches.remove(msg)
@@ -362,9 +361,15 @@ class Store:
         self.entry_bytes -= msg.entry_bytes()
 
     def _replace(self, old: Message, new: Message) -> None:
-        # by_seq keeps its slot so that iterating it stays in creation order (the rebuild relies on it)
-        self._remove(old, keep_slot=True)
-        self._insert(new)
+        # by_seq keeps its slot so that iterating it stays in creation order (the rebuild relies on it).
+        # A new revision keeps its timestamp: the session's place in the sessions view moves only if
+        # the message's session emptied and came back (then it is a new entry, not a move).
+        session = self.sessions[old.session_id]
+        started = session.min_ts
+        self._remove(old, keep_slot=True, track_order=False)
+        self._insert(new, track_order=False)
+        if self.sessions[new.session_id].min_ts != started:
+            self.session_order.invalidate()
 
     # ------------------------------------------------------------------ mutations
     def _check_writable(self) -> None:

@@ -212,39 +212,43 @@ def _traverse(store: Store, root: Message, depth_max: int, types: frozenset[str]
 
 
 # -- sessions -------------------------------------------------------------------------------------
-def sessions_order(store: Store) -> list[tuple[int, str]]:
-    if store.sessions_order_cache is None:
-        store.sessions_order_cache = sorted(
-            (store.by_seq[s.seqs[0]].timestamp, sid) for sid, s in store.sessions.items())
-    return store.sessions_order_cache
-
-
 def session_summary(store: Store, sid: str) -> dict[str, Any]:
     s = store.sessions[sid]
-    first, last = store.by_seq[s.seqs[0]], store.by_seq[s.seqs[-1]]
+    last = store.by_seq[s.seqs[-1]]
     rep = store.by_seq[s.summary_seqs[-1]].summary if s.summary_seqs else last.content
     return {
         "session_id": sid,
         "message_count": len(s.seqs),
         "kind_counts": dict(zip(L.MEMORY_KINDS, s.kind_counts)),
         "representative_summary": rep,
-        "started_at": first.timestamp,
-        "last_message_at": last.timestamp,
+        "started_at": s.min_ts,
+        "last_message_at": s.max_ts,
     }
 
 
 def sessions(store: Store, a: dict[str, Any]) -> dict[str, Any]:
     """Sessions by (started_at, session_id), ascending or descending, optionally only those active in
     [since, until): a session is in the window if it has a message at or after ``since`` and started
-    before ``until``. The cursor is bound to the window and order it was issued for."""
-    order = sessions_order(store)
+    before ``until``. started_at and last_message_at are the earliest and latest timestamps of the
+    session's live messages, whatever order they were stored in. The cursor is bound to the window and
+    order it was issued for, and a session whose start moved while the pages were read is never
+    served twice (``storaged/sessionorder.py``)."""
+    journal = store.session_order
+    order = journal.order(store.sessions)
     since, until, desc = a["since"], a["until"], a["order"] == "desc"
     scope = f"{since}|{until}|{a['order']}"
+    moved: dict[str, int] = {}
+    nonce, clock = journal.nonce, journal.clock
+    bound: tuple[int, str] | None = None
     if a["cursor"] is not None:
-        started, sid = _position(cursor.decode(store.cursor_key, a["cursor"], "sessions", scope), 2)
-        if not isinstance(started, int) or not isinstance(sid, str):
+        pos = cursor.decode(store.cursor_key, a["cursor"], "sessions", scope)
+        started, sid, nonce, clock = _position(pos, 4)
+        if not (isinstance(started, int) and isinstance(sid, str) and isinstance(nonce, str)
+                and isinstance(clock, int)):
             raise invalid("cursor is malformed")
-        i = bisect.bisect_left(order, (started, sid)) - 1 if desc else bisect.bisect_right(order, (started, sid))
+        bound = (started, sid)
+        moved = journal.keys_then(nonce, clock) or {}
+        i = bisect.bisect_left(order, bound) - 1 if desc else bisect.bisect_right(order, bound)
     else:
         i = len(order) - 1 if desc else 0
     step = -1 if desc else 1
@@ -261,8 +265,12 @@ def sessions(store: Store, a: dict[str, Any]) -> dict[str, Any]:
     while 0 <= i < stop:
         key = order[i]
         s = store.sessions[key[1]]
-        if since is not None and store.by_seq[s.seqs[-1]].timestamp < since:
+        if since is not None and s.max_ts < since:
             i += step
+            continue
+        then = moved.get(key[1])
+        if then is not None and bound is not None and ((then, key[1]) >= bound if desc else (then, key[1]) <= bound):
+            i += step  # it moved here from the pages already served
             continue
         if len(out) >= a["limit"]:
             more = True
@@ -278,7 +286,7 @@ def sessions(store: Store, a: dict[str, Any]) -> dict[str, Any]:
         i += step
     reply: dict[str, Any] = {"sessions": out}
     if more and last_key is not None:
-        reply["nextCursor"] = cursor.encode(store.cursor_key, "sessions", scope, list(last_key))
+        reply["nextCursor"] = cursor.encode(store.cursor_key, "sessions", scope, [*last_key, nonce, clock])
     return reply
 
 
