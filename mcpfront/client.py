@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgpack
@@ -21,6 +22,7 @@ import zmq.asyncio
 
 from protocol import errors as E
 from protocol import limits as L
+from protocol.validation import HOST_REQUEST_ID_TOOLS
 from protocol.wire import LOADING_KEY, encode_request
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,10 @@ PING_TIMEOUT_S = 0.5
 # How long a caller should wait after "daemon unavailable" before trying again.
 UNAVAILABLE_RETRY_AFTER_MS = 1000
 IDLE_SOCKETS_MAX = 16
+# While waiting for a reply the caller's watch (is the daemon process gone?) is asked this often, so a
+# daemon that died is replaced at once instead of after the whole timeout.
+WATCH_INTERVAL_S = 0.2
+RESTARTS_PER_REQUEST = 3
 UNAVAILABLE_MESSAGE = "storage daemon unavailable (no reply in time); retry later"
 
 
@@ -41,7 +47,8 @@ def new_request_id() -> str:
 def is_unavailable(reply: dict[str, Any]) -> bool:
     """True for the BUSY this module makes up when the daemon did not answer (not a daemon's BUSY)."""
     err = reply.get("error") if isinstance(reply, dict) else None
-    return isinstance(err, dict) and err.get("code") == E.BUSY and err.get("message") == UNAVAILABLE_MESSAGE
+    return isinstance(err, dict) and err.get("code") == E.BUSY and (
+        err.get("message") == UNAVAILABLE_MESSAGE or err.get("outcome_unknown") is True)
 
 
 def unavailable() -> dict[str, Any]:
@@ -88,6 +95,10 @@ def ipc_path(endpoint: str) -> str | None:
     return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
 
 
+class DaemonRestarted(Exception):
+    """The watch found the daemon gone and started another: send the request again at once."""
+
+
 class DaemonClient:
     def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT_S, attempts: int = DEFAULT_ATTEMPTS,
                  context: zmq.asyncio.Context | None = None, curve_server_key: bytes | None = None) -> None:
@@ -120,9 +131,11 @@ class DaemonClient:
 
     async def request(self, op: str, args: dict[str, Any], request_id: str | None = None, *,
                       timeout: float | None = None, attempts: int | None = None,
-                      known: frozenset[str] = frozenset(), context: dict[str, Any] | None = None) -> dict[str, Any]:
+                      known: frozenset[str] = frozenset(), context: dict[str, Any] | None = None,
+                      watch: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any]:
         """Send one request; return the daemon's reply map or a contract error. Never raises (except
-        cancellation)."""
+        cancellation). ``watch``, asked while a reply is awaited, returns True when it found the daemon
+        process gone and started a new one: the request then goes again at once, same request id."""
         rid = request_id or new_request_id()
         frame = encode_or_error(op, args, rid, known, context)
         if isinstance(frame, dict):
@@ -133,10 +146,16 @@ class DaemonClient:
         # A daemon that is still opening its store answers "loading" at once: wait that out within
         # the time the attempts would have had, then pass the (retryable) answer on.
         load_deadline = time.monotonic() + timeout * attempts
-        attempt = 0
+        attempt = restarts = 0
+        sent: list[bool] = []  # one entry per attempt whose request left this process
         while attempt < attempts:
             try:
-                raw = await self._attempt(frame, timeout)
+                raw = await self._attempt(frame, timeout, watch if restarts < RESTARTS_PER_REQUEST else None, sent)
+            except DaemonRestarted:
+                log.warning("the storage daemon went away during %s (request %s); sent again to its successor",
+                            op, rid)
+                restarts += 1
+                continue
             except asyncio.TimeoutError:
                 log.log(level, "daemon did not answer %s (request %s) within %.1fs (attempt %d)",
                         op, rid, timeout, attempt + 1)
@@ -155,9 +174,14 @@ class DaemonClient:
                     await asyncio.sleep(pause)
                     continue
             return reply
+        if sent and op in HOST_REQUEST_ID_TOOLS:
+            # The daemon may have applied it (and died, or been stopped, before answering). A request that
+            # never left (no daemon to take it) is known not to have been applied: plain "unavailable".
+            return E.outcome_unknown(rid, UNAVAILABLE_RETRY_AFTER_MS)
         return unavailable()
 
-    async def _attempt(self, frame: bytes, timeout: float) -> bytes:
+    async def _attempt(self, frame: bytes, timeout: float, watch: Callable[[], Awaitable[bool]] | None = None,
+                       sent: list[bool] | None = None) -> bytes:
         if self._idle:
             sock = self._idle.pop()
         else:
@@ -172,9 +196,14 @@ class DaemonClient:
         try:
             async def roundtrip() -> bytes:
                 await sock.send(frame)
+                if sent is not None:
+                    sent.append(True)
                 return await sock.recv()
 
-            reply = await asyncio.wait_for(roundtrip(), timeout)
+            if watch is None:
+                reply = await asyncio.wait_for(roundtrip(), timeout)
+            else:
+                reply = await self._watched(roundtrip(), timeout, watch)
             done = True
             return reply
         finally:
@@ -182,6 +211,24 @@ class DaemonClient:
                 self._idle.append(sock)
             else:
                 sock.close(linger=0)
+
+    @staticmethod
+    async def _watched(roundtrip: Awaitable[bytes], timeout: float, watch: Callable[[], Awaitable[bool]]) -> bytes:
+        """``roundtrip`` within ``timeout``, asking ``watch`` every WATCH_INTERVAL_S meanwhile."""
+        task = asyncio.ensure_future(roundtrip)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise asyncio.TimeoutError()
+                done, _ = await asyncio.wait({task}, timeout=min(WATCH_INTERVAL_S, left))
+                if done:
+                    return task.result()
+                if await watch():
+                    raise DaemonRestarted()
+        finally:
+            task.cancel()  # a no-op when it finished; the caller closes its socket either way
 
     @staticmethod
     def _decode(raw: bytes, op: str) -> dict[str, Any]:

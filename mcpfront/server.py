@@ -26,6 +26,8 @@ from ingest.workspace import launch_context
 from protocol import errors as E
 from protocol import history as H
 from protocol import limits as L
+from protocol.errors import ProtocolError
+from protocol.validation import take_request_id
 from protocol.wire import HISTORY_TOOLS, REBUILDING
 
 from . import __version__
@@ -79,16 +81,21 @@ class Backend:
         if self.spawner is not None:
             await self.spawner.ensure()
         known = frozenset(INPUT_SCHEMAS[name]["properties"])
-        rid = new_request_id()
+        try:
+            arguments, host_rid = take_request_id(name, arguments)
+        except ProtocolError as exc:
+            return exc.reply()
+        rid = host_rid or new_request_id()
+        watch = self.spawner.revive_if_gone if self.spawner is not None else None
         if name == "rebuild_index":
             reply = await self._rebuild(arguments, rid, known)
         elif name in HISTORY_TOOLS:
             context = None
             if name in H.LAUNCH_CONTEXT_TOOLS:
                 context = await asyncio.to_thread(self._launch_context, arguments, launch_dir)
-            reply = await self.client.request(name, arguments, rid, known=known, context=context)
+            reply = await self.client.request(name, arguments, rid, known=known, context=context, watch=watch)
         else:
-            reply = await self.client.request(name, arguments, rid, known=known)
+            reply = await self.client.request(name, arguments, rid, known=known, watch=watch)
         if self.spawner is not None and is_unavailable(reply):
             self.spawner.invalidate()
         if name in HISTORY_TOOLS:

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+from protocol.config import pid_path
+
 from .client import DaemonClient, ipc_path
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,41 @@ class Spawner:
             await asyncio.sleep(PING_INTERVAL_S)
         log.error("the storage daemon did not become ready within %.0fs", self.ready_timeout)
         return False
+
+    async def revive_if_gone(self) -> bool:
+        """The client's watch while a reply is awaited: if the daemon is known to be dead, start another
+        at once (True once it answers) rather than let the request wait out its whole timeout."""
+        if not self._gone():
+            return False
+        log.warning("the storage daemon of %s is gone; starting another", self.data_dir)
+        self.invalidate()
+        return await self.ensure()
+
+    def _gone(self) -> bool:
+        """True only when no daemon can be serving: the pid it recorded names no live process (or our
+        own child that exited), or it stopped cleanly (no pid file, no socket). Unsure means False."""
+        try:
+            with open(pid_path(self.data_dir)) as f:
+                pid = int(f.read().strip())
+        except FileNotFoundError:
+            path = ipc_path(self.endpoint)
+            return path is not None and not os.path.exists(path)
+        except (OSError, ValueError):
+            return False
+        for child in self._children:
+            if child.pid == pid:
+                return child.poll() is not None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        try:  # a zombie (its parent, another front-end, has not reaped it yet) is dead too
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            return False
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)

@@ -75,6 +75,13 @@ _TIME = {"type": ["integer", "string"], "minimum": 0, "maximum": L.TIME_MS_MAX, 
          "maxLength": L.TIME_TEXT_MAX_BYTES}
 
 
+# The host's own request id for a mutation (protocol.validation.take_request_id).
+REQUEST_ID = _ulid(
+    "Optional. Only to retry a call whose BUSY error said outcome_unknown: pass the request_id from that error "
+    f"and the same arguments; the change is then applied at most once (ids are remembered "
+    f"{L.REQUEST_ID_RETENTION_S // 3600} hours). Any ULID of your own also works.")
+
+
 def _choices(values: tuple[str, ...]) -> str:
     return " / ".join(values)
 
@@ -216,6 +223,8 @@ HEALTH_OUT = _obj(
 
 _ERRORS = ("Failures come back as isError with {\"status\":\"ERROR\",\"error\":{\"code\",\"message\"}}; "
            "BUSY errors carry retryable and retry_after_ms: wait that long and call again.")
+_OUTCOME = (" A BUSY error with outcome_unknown true means the change may or may not have been applied: call "
+            "again with the same arguments plus the error's request_id, which applies it exactly once.")
 
 WRITE_DESC = (
     "Store a new message in durable conversation memory (shared by every MCP host on this machine). "
@@ -224,7 +233,7 @@ WRITE_DESC = (
     "{\"status\":\"OK\",\"message\":{message_id, session_id, timestamp, role, content, revision:1, updated_at, "
     "metadata}}; keep message_id to update, read, relate or delete it later. Optional metadata_json "
     "classifies the memory (tags, memory_kind, memory_tier, importance, summary, relations to earlier "
-    "messages). " + _ERRORS
+    "messages). " + _ERRORS + _OUTCOME
 )
 UPDATE_DESC = (
     "Change the content and/or metadata of an existing message; its id, session, role and creation time "
@@ -232,7 +241,7 @@ UPDATE_DESC = (
     "update: fields you leave out keep their values. Pass expected_revision (the revision you read) to "
     "refuse the update with CONFLICT if someone changed the message meanwhile. Updating to identical "
     "values is a no-op (changed:false, revision unchanged). Returns {\"status\":\"OK\",\"changed\":bool,"
-    "\"message\":{...}}. NOT_FOUND if the message does not exist or was deleted. " + _ERRORS
+    "\"message\":{...}}. NOT_FOUND if the message does not exist or was deleted. " + _ERRORS + _OUTCOME
 )
 READ_DESC = (
     "Read stored memory, narrow to wide. view='history' (default, needs session_id): a session's messages "
@@ -265,7 +274,7 @@ DELETE_DESC = (
     "from disk by the next rebuild_index. Optional session_id is a guard: the message is deleted only if "
     "it belongs to that session. Returns {\"status\":\"OK\"} when deleted, or {\"status\":\"NOT_FOUND\"} "
     "(not an error) when there is no such live message or the guard does not match; deleting twice is "
-    "therefore harmless. " + _ERRORS
+    "therefore harmless. " + _ERRORS + _OUTCOME
 )
 REBUILD_DESC = (
     "Maintenance: compact the log to the live messages only (physically removing deleted and superseded "
@@ -289,6 +298,7 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
         "role": _enum("Who spoke.", L.ROLES),
         "content": _text(f"The message text, 1 byte to {L.CONTENT_MAX_BYTES} UTF-8 bytes.", L.CONTENT_MAX_BYTES, 1),
         "metadata_json": _text("Optional metadata. " + METADATA_DOC, L.METADATA_JSON_MAX_BYTES, default="{}"),
+        "request_id": REQUEST_ID,
     }, ("session_id", "role", "content")),
     "update_message": _input({
         "message_id": MESSAGE_ID,
@@ -296,6 +306,7 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
         "metadata_json": _text("Metadata fields to change; fields not given are kept. " + METADATA_DOC,
                                L.METADATA_JSON_MAX_BYTES),
         "expected_revision": EXPECTED_REVISION,
+        "request_id": REQUEST_ID,
     }, ("message_id",)),
     "read_messages": _input({
         "view": _enum("What to read: history | content | context | sessions.", L.VIEWS, L.VIEW_DEFAULT),
@@ -348,6 +359,7 @@ INPUT_SCHEMAS: dict[str, dict[str, Any]] = {
         "message_id": MESSAGE_ID,
         "session_id": {**SESSION_ID, "description": "Guard: delete only if the message belongs to this "
                        "session. " + SESSION_ID["description"]},
+        "request_id": REQUEST_ID,
     }, ("message_id",)),
     "rebuild_index": _input({}),
     "get_system_health": _input({}),
@@ -362,6 +374,8 @@ ERROR_OUT = _obj({
         "message": _STR,
         "retryable": _BOOL,
         "retry_after_ms": _INT,
+        "outcome_unknown": _BOOL,
+        "request_id": _STR,
     }, ("code", "message")),
 }, ("status", "error"))
 
@@ -400,8 +414,8 @@ TITLES = {
     "get_system_health": "System health",
 }
 
-# read_only, destructive, idempotent. write/update are idempotent only through request ids, which
-# a host cannot supply, so they say false. Delete is idempotent (a second delete answers NOT_FOUND
+# read_only, destructive, idempotent. write/update are idempotent only when the host passes a request_id
+# (a call with the same arguments and none writes again), so they say false. Delete is idempotent (a second delete answers NOT_FOUND
 # and changes nothing); so is a rebuild.
 ANNOTATIONS: dict[str, tuple[bool, bool, bool]] = {
     "write_message": (False, False, False),

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 RUN_DIR_NAME = "run"
 SOCKET_NAME = "storaged.sock"
+PID_NAME = "storaged.pid"
 
 
 def default_data_dir(env: Mapping[str, str] = os.environ) -> str:
@@ -21,6 +22,11 @@ def default_data_dir(env: Mapping[str, str] = os.environ) -> str:
 def run_dir(data_dir: str) -> str:
     """The private (0700) directory holding the daemon's ipc socket."""
     return os.path.join(os.path.abspath(data_dir), RUN_DIR_NAME)
+
+
+def pid_path(data_dir: str) -> str:
+    """The running daemon's pid (written once it listens, removed at a clean stop)."""
+    return os.path.join(run_dir(data_dir), PID_NAME)
 
 
 def default_endpoint(data_dir: str, env: Mapping[str, str] = os.environ) -> str:

@@ -44,6 +44,18 @@ def error_reply(code: str, message: str, retry_after_ms: int | None = None) -> d
     return {"status": "ERROR", "error": err}
 
 
+def outcome_unknown(request_id: str, retry_after_ms: int) -> dict[str, Any]:
+    """A mutation whose fate the caller cannot know: the daemon stopped answering after the request may
+    have reached it. Still the contract's shape and a contract code (BUSY: call again later), marked
+    so, and carrying the request id: the same call sent again with that ``request_id`` is applied at
+    most once, whatever happened to the first."""
+    reply = error_reply(BUSY, "the storage daemon did not answer in time, so this change may or may not have been "
+                              "applied; call again with this request_id to apply it exactly once", retry_after_ms)
+    reply["error"]["outcome_unknown"] = True
+    reply["error"]["request_id"] = request_id
+    return reply
+
+
 def is_error_reply(reply: Any) -> bool:
     return isinstance(reply, dict) and reply.get("status") == "ERROR"
 

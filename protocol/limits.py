@@ -54,6 +54,9 @@ RESPONSE_BUDGET_BYTES = 8 * MiB
 MAX_REQUEST_BYTES = 4 * MiB
 MAX_NESTING_DEPTH = 8
 REQUEST_ID_MAX_BYTES = 64
+# How long the daemon remembers a mutation's request id: a retry with the same id within it is applied
+# at most once.
+REQUEST_ID_RETENTION_S = 24 * 3600
 
 # How long a caller should wait before retrying a BUSY answer.
 BUSY_RETRY_AFTER_MS = 250

@@ -50,6 +50,22 @@ def canonical_ulid(value: Any, field: str) -> str:
     return up
 
 
+# Mutating tools that take the host's own request id (``request_id``): a retry that carries the id of
+# the first call — the one an outcome-unknown BUSY error hands back — is applied at most once.
+HOST_REQUEST_ID_TOOLS = ("write_message", "update_message", "delete_message")
+REQUEST_ID_PARAM = "request_id"
+
+
+def take_request_id(tool: str, args: Any) -> tuple[Any, str | None]:
+    """(the tool's arguments without ``request_id``, the canonical id or None). The id travels in the
+    request envelope, not among the tool's arguments, so the daemon's validators never see it."""
+    if tool not in HOST_REQUEST_ID_TOOLS or not isinstance(args, dict) or REQUEST_ID_PARAM not in args:
+        return args, None
+    rest = {k: v for k, v in args.items() if k != REQUEST_ID_PARAM}
+    value = args[REQUEST_ID_PARAM]
+    return rest, (None if value is None else canonical_ulid(value, REQUEST_ID_PARAM))
+
+
 def check_text(value: Any, field: str, min_bytes: int, max_bytes: int) -> str:
     if not isinstance(value, str):
         raise invalid(f"{field} must be a string")

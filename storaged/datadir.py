@@ -10,10 +10,9 @@ import errno
 import fcntl
 import os
 
-from protocol.config import run_dir
+from protocol.config import pid_path, run_dir
 
 LOCK_NAME = "LOCK"
-PID_NAME = "storaged.pid"
 
 
 class AlreadyRunning(Exception):
@@ -56,7 +55,7 @@ def prepare_run_dir(data_dir: str) -> str:
 
 
 def write_pid(data_dir: str) -> None:
-    path = os.path.join(run_dir(data_dir), PID_NAME)
+    path = pid_path(data_dir)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(f"{os.getpid()}\n")
@@ -65,14 +64,14 @@ def write_pid(data_dir: str) -> None:
 
 def remove_pid(data_dir: str) -> None:
     try:
-        os.unlink(os.path.join(run_dir(data_dir), PID_NAME))
+        os.unlink(pid_path(data_dir))
     except FileNotFoundError:
         pass
 
 
 def read_pid(data_dir: str) -> int | None:
     try:
-        with open(os.path.join(run_dir(data_dir), PID_NAME)) as f:
+        with open(pid_path(data_dir)) as f:
             return int(f.read().strip())
     except (OSError, ValueError):
         return None
