@@ -26,6 +26,15 @@ LOG_NAME = "storaged.log"
 EXIT_LOCKED = 3
 
 
+def daemon_command() -> list[str]:
+    """How to start the daemon: its console script when it is installed beside this Python, so that `ps`
+    and `pgrep convmem-storaged` show it by name; else the module (a source checkout)."""
+    script = os.path.join(os.path.dirname(sys.executable), "convmem-storaged")
+    if os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-m", "storaged"]
+
+
 class Spawner:
     def __init__(self, client: DaemonClient, data_dir: str, endpoint: str,
                  ready_timeout: float = READY_TIMEOUT_S) -> None:
@@ -117,7 +126,7 @@ class Spawner:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
-        cmd = [sys.executable, "-m", "storaged", "--data-dir", self.data_dir, "--endpoint", self.endpoint]
+        cmd = [*daemon_command(), "--data-dir", self.data_dir, "--endpoint", self.endpoint]
         fd = os.open(os.path.join(self.data_dir, LOG_NAME), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "ab") as err:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,

@@ -85,7 +85,8 @@ def daemon_pids(data_dir: Path | str) -> list[int]:
         if state == b"Z":
             continue
         args = [a.decode(errors="replace") for a in argv]
-        if "storaged" in args and needle in args:
+        started_as_daemon = "storaged" in args or any(os.path.basename(a) == "convmem-storaged" for a in args[:2])
+        if started_as_daemon and needle in args:
             pids.append(int(entry))
     return pids
 
