@@ -173,6 +173,32 @@ def test_peer_that_never_reads_cannot_grow_the_daemon(pool):
         dealer.close(linger=0)
 
 
+# ------------------------------------------------------------------------------- 4c: health is not O(sessions)
+def test_health_does_not_walk_every_session_per_call(store, monkeypatch):
+    """get_system_health used to sum Session.size_bytes over every session on each call (tens of ms
+    per call at 100k sessions, on the request loop). With 3000 sessions, 30 health calls with
+    writes between them walk the sessions a few times at most (once a second), not 31 (a spy counts the walks; behaviour is real)."""
+    from faultio import write
+    from storaged import indexes
+
+    for i in range(3000):
+        write(store, f"s{i}", f"message {i}")
+    calls = [0]
+    real = indexes.Session.size_bytes
+
+    def counting(self):
+        calls[0] += 1
+        return real(self)
+
+    monkeypatch.setattr(indexes.Session, "size_bytes", counting)
+    first = store.health()["memory_estimate"]["history_index_bytes"]
+    assert first > 3000 * 100
+    for i in range(30):
+        write(store, f"s{i}", "one more")
+        assert store.health()["memory_estimate"]["history_index_bytes"] >= first
+    assert calls[0] <= 3 * 3000, f"{calls[0] // 3000} walks over every session for 31 health calls"
+
+
 # ------------------------------------------------------------------------------- 8: stdio JSON-RPC lines
 from mcp_fixtures import daemon, data_dir, frontend_cmd, frontend_env, home, procs  # noqa: E402,F401
 
