@@ -82,6 +82,17 @@ def fts_query(q: str) -> str | None:
     return " OR ".join(dict.fromkeys(words)) or None
 
 
+def common_words_query(docs: list[str], k: int = 35) -> str:
+    """The hostile case of issue 12 (item 4c): a query of the corpus's k most frequent indexable
+    words (by document frequency, stop words excluded), so that every posting list it reads is long."""
+    df: dict[str, int] = {}
+    for d in docs:
+        for w in set(re.findall(r"[^\W_]+", d.casefold())):
+            if w not in STOP_WORDS and not w.isdigit() and len(w) > 2:
+                df[w] = df.get(w, 0) + 1
+    return " ".join(sorted(df, key=lambda w: (-df[w], w))[:k])
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -148,6 +159,21 @@ def run_size(n: int, turns, questions, nq: int, limit: int, snapshot: bool) -> d
     for name, xs in (("ours", ours), ("fts5", fts), ("ours_filtered", ours_f)):
         res[f"{name}_p50_ms"] = statistics.median(xs)
         res[f"{name}_p95_ms"] = pct(xs, 0.95)
+    # the hostile query: 35 common words, every list long (median of 5, interleaved with FTS5)
+    cq = common_words_query(docs)
+    cf = fts_query(cq)
+    c_ours, c_fts = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        idx.search(cq, limit)
+        t1 = time.perf_counter()
+        con.execute(sql, (cf, limit)).fetchall()
+        t2 = time.perf_counter()
+        c_ours.append((t1 - t0) * 1e3)
+        c_fts.append((t2 - t1) * 1e3)
+    res["common35_query"] = cq
+    res["common35_ours_ms"] = statistics.median(c_ours)
+    res["common35_fts5_ms"] = statistics.median(c_fts)
     con.close()
 
     if snapshot:
@@ -238,6 +264,8 @@ def main() -> None:
                 f"p99 {r['update_p99_ms']:.3f} ms, max {r['update_max_ms']:.1f} ms; postings x"
                 f"{r['postings_growth_after_churn']:.2f}; explicit compact() {r['compact_s']:.2f}s"
             )
+        extra += (f"\n      35 common words in one query: ours {r['common35_ours_ms']:.1f} ms, "
+                  f"FTS5 {r['common35_fts5_ms']:.1f} ms (median of 5)")
         print(extra)
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results}, indent=2))

@@ -57,6 +57,19 @@ REQUEST_ID_MAX_BYTES = 64
 # How long the daemon remembers a mutation's request id: a retry with the same id within it is applied
 # at most once.
 REQUEST_ID_RETENTION_S = 24 * 3600
+# Bounds msgpack enforces WHILE it unpacks a request (protocol/wire.py), so that a small frame cannot
+# make the daemon build millions of objects: a frame of 4M one-byte empty maps was 615 MB and a 12-s
+# stall. Containers (maps and arrays) are what a byte of frame inflates most (~100 B of Python each);
+# strings and numbers cost about their size. The largest legitimate request is an import batch:
+# IMPORT_BATCH_MAX messages, each at most ~105 containers (message, metadata, tags, relations and
+# its RELATIONS_MAX objects, source ids, event, files and its 64 file objects), plus the sessions
+# and checkpoints beside them; real batches hold 3-6 a message.
+MAX_REQUEST_CONTAINERS = 128 * KiB
+# One array: the longest legitimate one is a batch (IMPORT_BATCH_MAX messages or sessions); a
+# checkpoint value is free-form within 16 KiB, so allow as many items as that many bytes could hold.
+MAX_REQUEST_ARRAY_LEN = 16 * KiB
+MAX_REQUEST_MAP_LEN = 8 * KiB            # a free-form 16-KiB checkpoint value: 2 bytes an entry at least
+MAX_REQUEST_BIN_LEN = 16 * KiB           # no field takes bytes; only a checkpoint value could carry some
 
 # How long a caller should wait before retrying a BUSY answer.
 BUSY_RETRY_AFTER_MS = 250

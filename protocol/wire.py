@@ -2,7 +2,8 @@
 
 Request: ``{"op": str, "args": map, "request_id": ULID}``. Reply: the tool's result object exactly
 as the contract shapes it (an error is ``{"status": "ERROR", "error": {...}}``). Decoding treats
-every byte as hostile: the size is checked before parsing, then the nesting depth and the shape.
+every byte as hostile: the size is checked before parsing, the work of unpacking is bounded while it
+happens (entries per container, containers per frame), then the nesting depth and the shape are checked.
 """
 from __future__ import annotations
 
@@ -69,13 +70,45 @@ def _depth_ok(obj: Any, limit: int) -> bool:
     return True
 
 
+class _ContainerBudget:
+    """Counts the maps and arrays msgpack builds (its ``object_hook``/``list_hook`` run as each one
+    is completed, inside the C unpacker) and stops the unpacking once there are too many: the work
+    and the memory of decoding a frame are bounded while it happens, not checked afterwards."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def __call__(self, obj: Any) -> Any:
+        self.left -= 1
+        if self.left < 0:
+            raise _TooManyContainers()
+        return obj
+
+
+class _TooManyContainers(Exception):
+    pass
+
+
 def decode(frame: bytes, max_bytes: int = L.MAX_REQUEST_BYTES) -> Any:
+    """A frame's object, with every size bounded while msgpack unpacks it: the frame's length, each
+    array's and map's entry count (checked against the header before anything is allocated), the
+    total number of containers, no ext types; then the nesting depth (cheap: few containers)."""
     if len(frame) > max_bytes:
         raise invalid(f"request frame must be at most {max_bytes} bytes")
+    budget = _ContainerBudget(L.MAX_REQUEST_CONTAINERS)
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
-    except Exception:  # ExtraData, FormatError, StackError, UnicodeDecodeError, ValueError, TypeError ...
-        raise invalid("request is not a valid msgpack message") from None
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True,
+                              max_str_len=max_bytes, max_bin_len=L.MAX_REQUEST_BIN_LEN, max_ext_len=0,
+                              max_array_len=L.MAX_REQUEST_ARRAY_LEN, max_map_len=L.MAX_REQUEST_MAP_LEN,
+                              object_hook=budget, list_hook=budget)
+    except _TooManyContainers:
+        raise invalid(f"request must hold at most {L.MAX_REQUEST_CONTAINERS} maps and arrays") from None
+    except Exception:  # ExtraData, FormatError, StackError, UnicodeDecodeError, ValueError (a length limit) ...
+        raise invalid(f"request is not a valid msgpack message within the wire limits (arrays of at most "
+                      f"{L.MAX_REQUEST_ARRAY_LEN} items, maps of at most {L.MAX_REQUEST_MAP_LEN} entries, "
+                      f"no ext types)") from None
     if not _depth_ok(obj, L.MAX_NESTING_DEPTH):
         raise invalid(f"request nesting must be at most {L.MAX_NESTING_DEPTH} levels")
     return obj
@@ -113,13 +146,3 @@ def decode_request(frame: bytes) -> tuple[str, dict[str, Any], str]:
     """Return (op, validated args, request_id). Raises ProtocolError (or HistoryError for history tools)."""
     op, args, rid, context = decode_envelope(frame)
     return op, validate_args(op, args, context), rid
-
-
-def peek_request_id(frame: bytes) -> str | None:
-    """Best effort: the request id of a frame that failed validation, for logging and nothing else."""
-    try:
-        obj = msgpack.unpackb(frame, raw=False) if len(frame) <= L.MAX_REQUEST_BYTES else None
-        rid = obj.get("request_id") if isinstance(obj, dict) else None
-        return rid if isinstance(rid, str) and len(rid) <= L.REQUEST_ID_MAX_BYTES else None
-    except Exception:
-        return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import sys
+import time
 
 from protocol import limits as L
 from protocol.history import ASSISTANT_RESPONSE, TOOL_CALL, USER_INPUT, WEB_SEARCH_TOOLS
@@ -168,3 +169,29 @@ class TouchIndex:
 
     def size_bytes(self) -> int:
         return sys.getsizeof(self.by_name) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in self.by_name.items())
+
+
+# get_system_health's figures for these indexes walk every session and every relation target: tens of
+# milliseconds at 100k sessions, on the request loop, for each call. They are kept against the store's
+# version and, for stores over HEALTH_EXACT_SESSIONS sessions, recomputed at most once a HEALTH_REFRESH_S.
+HEALTH_EXACT_SESSIONS = 1000
+HEALTH_REFRESH_S = 1.0
+
+
+class IndexSizes:
+    """(history index bytes, relation index bytes) for health, without an O(sessions) walk per call."""
+
+    __slots__ = ("version", "at", "value")
+
+    def __init__(self) -> None:
+        self.version: object = None
+        self.at = float("-inf")
+        self.value = (0, 0)
+
+    def get(self, version: object, sessions: dict[str, Session], relations: RelationIndex) -> tuple[int, int]:
+        now = time.monotonic()
+        if version != self.version and (len(sessions) <= HEALTH_EXACT_SESSIONS or now - self.at >= HEALTH_REFRESH_S):
+            history = sys.getsizeof(sessions) + sum(sys.getsizeof(k) + s.size_bytes() for k, s in sessions.items())
+            self.value = (history, relations.size_bytes())
+            self.version, self.at = version, now
+        return self.value

@@ -56,6 +56,16 @@ EXIT_FSYNC_FAILED = 75
 # Frames above this are dropped by libzmq itself (the peer is disconnected) to bound memory;
 # frames between MAX_REQUEST_BYTES and this get a clear VALIDATION_ERROR reply.
 HARD_FRAME_CAP = 4 * L.MAX_REQUEST_BYTES
+# A batch stops taking requests off the socket once it holds this many bytes of frames, so that
+# GROUP_MAX frames near HARD_FRAME_CAP (1 GiB) are never held at once.
+GROUP_MAX_BYTES = 2 * L.MAX_REQUEST_BYTES
+# Replies queued for one peer that does not read them. A legitimate client is a REQ socket (one
+# request in flight, so one reply queued at most); a peer that pipelines requests and never reads
+# (a raw DEALER) would otherwise make libzmq queue 1000 replies of up to RESPONSE_BUDGET_BYTES each.
+# With ROUTER_MANDATORY a send to a full (or vanished) peer fails at once instead of being dropped
+# silently: the reply is dropped and counted, never waited for — the loop serves everyone else.
+# Memory held for such a peer stays near (REPLY_HWM + what the kernel buffers) x the reply budget.
+REPLY_HWM = 4
 REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
 
@@ -72,6 +82,9 @@ class Server:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, HARD_FRAME_CAP)
+        self.sock.setsockopt(zmq.SNDHWM, REPLY_HWM)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.replies_dropped = 0
         if curve_secret_key is not None:
             self.sock.curve_secretkey = curve_secret_key
             self.sock.curve_server = True
@@ -163,7 +176,8 @@ class Server:
                     self._finish_rebuild()
             if self.sock in events:
                 batch = []
-                while len(batch) < GROUP_MAX:
+                size = 0
+                while len(batch) < GROUP_MAX and size < GROUP_MAX_BYTES:
                     try:
                         frames = self.sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
@@ -171,6 +185,7 @@ class Server:
                     envelope, body = split_envelope(frames)
                     if envelope is not None:  # without a REQ delimiter it is no request (REP drops these too)
                         batch.append((envelope, body))
+                        size += sum(map(len, body))
                 if batch:
                     self._serve_batch(batch)
             if self.store is not None:
@@ -189,7 +204,7 @@ class Server:
         store = self.store
         if store is None:  # still loading: nothing can be written, every answer is "come back later"
             for envelope, body in batch:
-                self.sock.send_multipart([*envelope, wire.encode(self.handle(body))])
+                self._reply(envelope, self.handle(body))
             return
         store.group_commit = len(batch) > 1
         try:
@@ -205,7 +220,20 @@ class Server:
                 os._exit(EXIT_FSYNC_FAILED)
             store.unsynced = False
         for envelope, reply in replies:
-            self.sock.send_multipart([*envelope, wire.encode(reply)])
+            self._reply(envelope, reply)
+
+    def _reply(self, envelope: list[bytes], reply: dict[str, Any]) -> None:
+        """Send without ever blocking the loop: a peer whose reply queue is full (it does not read)
+        or that has gone loses this reply; a REQ client retries with the same request id anyway."""
+        try:
+            self.sock.send_multipart([*envelope, wire.encode(reply)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # EAGAIN: the peer's queue is full; EHOSTUNREACH: the peer is gone
+            if exc.errno not in (zmq.EAGAIN, zmq.EHOSTUNREACH):
+                raise
+            self.replies_dropped += 1
+            if self.replies_dropped & (self.replies_dropped - 1) == 0:  # 1, 2, 4, 8 ...: never a log flood
+                LOG.warning("dropped a reply to a peer that is gone or does not read its replies "
+                            "(%d dropped so far)", self.replies_dropped)
 
     # ---------------------------------------------------------------- background snapshots
     def _background_snapshot(self) -> None:

@@ -25,7 +25,7 @@ from . import snapshot
 from .fileio import FileIO
 from .handles import session_digest
 from .idgen import IdClock
-from .indexes import RelationIndex, Session, TouchIndex
+from .indexes import IndexSizes, RelationIndex, Session, TouchIndex
 from .ingeststate import IngestState
 from .model import RECORD_FIELDS, RECORD_FIELDS_0_1, Message, message_from_args
 from .search import SearchIndex
@@ -574,9 +574,11 @@ class Store:
 
     def health(self) -> dict[str, Any]:
         search_bytes = self.search.memory_bytes()
-        history = sys.getsizeof(self.sessions) + sum(
-            sys.getsizeof(k) + s.size_bytes() for k, s in self.sessions.items())
-        relation = self.relations.size_bytes()
+        sizes = self.__dict__.get("_index_sizes")
+        if sizes is None:
+            sizes = self.__dict__["_index_sizes"] = IndexSizes()
+        history, relation = sizes.get((self.last_seq, self.record_count, id(self.sessions), id(self.relations)),
+                                      self.sessions, self.relations)
         entries = self.entry_bytes + sys.getsizeof(self.by_id) + sys.getsizeof(self.by_seq) + sys.getsizeof(
             self.rids) + len(self.rids) * 200
         memory = {
