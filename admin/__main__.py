@@ -126,7 +126,7 @@ class Admin:
         """Send in batches bounded by count and encoded bytes (each batch: one durable append, one
         fsync). ``messages`` yields message objects, or (where, message) pairs: ``where`` (e.g.
         "line 12") then replaces the batch position in a VALIDATION_ERROR."""
-        imported = existing = 0
+        imported = existing = future = 0  # future: messages whose times lie beyond the clock's bound
         batch: list[dict[str, Any]] = []
         sessions: list[dict[str, Any]] = []
         origins: dict[str, list[str | None]] = {"messages": [], "sessions": []}
@@ -134,7 +134,7 @@ class Admin:
         budget = L.MAX_REQUEST_BYTES - BATCH_ENVELOPE_BYTES
 
         async def flush() -> None:
-            nonlocal imported, existing, batch, sessions, origins, size
+            nonlocal imported, existing, future, batch, sessions, origins, size
             if batch or sessions:
                 try:
                     r = await self.call("import_messages", {"messages": batch, "sessions": sessions})
@@ -142,6 +142,7 @@ class Admin:
                     raise Failed(_name_origin(str(exc), origins)) from None
                 imported += r["imported"]
                 existing += r["existing"]
+                future += r.get("future_times", 0)
                 progress.advance(len(batch))
                 batch, sessions, size = [], [], 0
                 origins = {"messages": [], "sessions": []}
@@ -166,6 +167,7 @@ class Admin:
                 origins["messages"].append(where)
             size += n
         await flush()
+        self.future_times = future
         return imported, existing
 
     async def import_file(self, stream: BinaryIO) -> dict[str, Any]:
@@ -184,8 +186,10 @@ class Admin:
         progress = Progress("imported")
         imported, existing = await self.import_messages(messages(), progress)
         progress.done()
-        return {"imported": imported, "existing": existing, "malformed_lines": len(bad),
-                "first_malformed": bad[:10]}
+        result = {"imported": imported, "existing": existing, "malformed_lines": len(bad), "first_malformed": bad[:10]}
+        if self.future_times:
+            result["future_times"] = self.future_times
+        return result
 
     async def import_transcripts(self, harness: str, paths: list[str], watch: bool,
                                  interval: float) -> dict[str, Any]:
@@ -236,6 +240,13 @@ def _name_origin(text: str, origins: dict[str, list[str | None]]) -> str:
     return _BATCH_POSITION.sub(sub, text)
 
 
+def open_export_file(path: str) -> TextIO:
+    """A new file only this user can read (0600): an export holds every message. Never an existing
+    file, never through a symlink (raises FileExistsError / OSError)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    return os.fdopen(fd, "w", encoding="utf-8")
+
+
 def print_health(h: dict[str, Any]) -> None:
     mb = 1024 * 1024
     mem = h["memory_estimate"]
@@ -260,7 +271,15 @@ async def run(args: argparse.Namespace) -> int:
     admin = Admin(args)
     try:
         if args.command == "export":
-            out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+            try:
+                out = sys.stdout if args.output == "-" else open_export_file(args.output)
+            except FileExistsError:
+                print(f"convmem: {args.output} already exists; export never overwrites a file (remove it, or "
+                      "choose another name)", file=sys.stderr)
+                return 2
+            except OSError as exc:
+                print(f"convmem: cannot create {args.output}: {exc.strerror}", file=sys.stderr)
+                return 2
             try:
                 n = await admin.export(out, args.session)
             finally:
@@ -274,7 +293,12 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"convmem: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
                 return 2
             with stream:
-                print(json.dumps(await admin.import_file(stream)))
+                result = await admin.import_file(stream)
+            if result.get("future_times"):
+                print(f"convmem: warning: {result['future_times']} imported messages carry an id or time more than "
+                      f"{L.CLOCK_SKEW_MAX_MS // 3_600_000} h in the future; they were stored as they are, and new "
+                      "messages keep taking their times from the clock", file=sys.stderr)
+            print(json.dumps(result))
         elif args.command == "import-transcripts":
             print(json.dumps(await admin.import_transcripts(args.harness, args.paths, args.watch, args.interval)))
         elif args.command == "health":

@@ -73,3 +73,12 @@ MAX_REQUEST_BIN_LEN = 16 * KiB           # no field takes bytes; only a checkpoi
 
 # How long a caller should wait before retrying a BUSY answer.
 BUSY_RETRY_AFTER_MS = 250
+
+# How far beyond the daemon's wall clock a stored time may lie and still move the id clock. Imported
+# messages keep whatever times they carry, but one dated 9999 (or with an id of 7ZZZ...) must not
+# stamp every later write with that year or run the ULID clock out of its 48 bits.
+CLOCK_SKEW_MAX_MS = 24 * 3600 * 1000
+
+# A retry with the same request_id within this many seconds is applied at most once (besides the
+# count cap of the daemon's window). Older request ids are forgotten, at the latest by rebuild_index.
+REQUEST_ID_RETENTION_S = 24 * 3600

@@ -84,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s convmem-storaged[%(process)d] %(levelname)s %(message)s")
     data_dir = os.path.abspath(args.data_dir or default_data_dir())
+    os.umask(0o077)  # whatever the daemon creates (files, dirs, the ipc socket) is this user's alone
+    try:
+        datadir.check_private(data_dir)
+    except datadir.NotPrivate as exc:
+        return fail(f"refusing the data directory: {exc}", 2)
+    except OSError as exc:
+        return fail(f"cannot use the data directory {data_dir}: {exc.strerror}", 2)
     lock = datadir.DataDirLock(data_dir)
     try:
         lock.acquire()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ class Prepared:
     records_removed: int
     bytes_before: int
     seconds: float
+    rids: list[list[Any]]               # the request-id window written to the new log
 
 
 def prepare(store: Store, pause=lambda: None) -> Prepared:
@@ -47,8 +49,10 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     msgs = list(store.by_seq.values())
     bytes_before = store.log_size()
     tmp_log = store.log_path + COMPACT_SUFFIX
-    checkpoint = logfile.encode_record(salt, ["c", store.last_seq, store.clock.last_id, store.clock.last_ms,
-                                              [[rid, op, mid, rev] for rid, (op, mid, rev) in store.rids.items()]])
+    # the request-id window without the expired ids: a rebuild must never carry them on (a small log
+    # would otherwise grow by the whole window at every rebuild)
+    rids = store.rid_entries()
+    checkpoint = logfile.encode_record(salt, ["c", store.last_seq, store.clock.last_id, store.clock.last_ms, rids])
     rec_sizes: list[int] = []
     # session metadata of the sessions that still have messages, one merged record each; every
     # ingest checkpoint (they describe files, not messages, and must survive the rebuild)
@@ -100,13 +104,15 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta["deleted_messages"] = 0
     meta["record_count"] = len(msgs)
     meta["checkpoint_bytes"] = len(checkpoint)
+    meta["rids"] = rids
     meta["session_meta"] = [[sid, fields, meta_sizes[sid]] for sid, fields in metas.items()]
     meta["checkpoints"] = [[src, key, store.ingest.checkpoints[(src, key)], n]
                            for (src, key), n in checkpoint_sizes.items()]
     snap_fields = ([*m.fields(), rs] for m, rs in zip(msgs, rec_sizes))
     snapshot.write_file(io, store.snapshot_path + snapshot.TMP_SUFFIX, meta, snap_fields, index.dump())
     return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, meta_sizes, checkpoint_sizes,
-                    index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0)
+                    index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0,
+                    rids)
 
 
 def install(store: Store, p: Prepared) -> dict[str, Any]:
@@ -138,6 +144,7 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
     store.ingest.rec_sizes = dict(p.checkpoint_sizes)
     store.ingest.live_bytes = sum(p.checkpoint_sizes.values())
     store.record_count = p.record_count
+    store.rids = OrderedDict((rid, (op, mid, rev, seen)) for rid, op, mid, rev, seen in p.rids)
     store.update_records = 0
     store.deleted_messages = 0
     store.search = p.search

@@ -2,21 +2,72 @@
 
 The lock is taken before the socket is bound: an ``ipc://`` bind alone would silently steal the
 endpoint of a live daemon (libzmq unlinks the old socket file), leaving two writers on one log.
-The kernel drops the lock when the process dies, however it dies.
+The kernel drops the lock when the process dies, however it dies — and when every copy of its
+file descriptor is closed: a forked child (the background snapshot) inherits the copy, so it must
+close it (``held_lock_fds``) or a crashed daemon's child would keep its successor from starting.
+
+The data directory and its ``run/`` must belong to this user and be writable by no one else
+(``check_private``): a directory others can write to lets them plant or swap files the daemon
+then trusts.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
+import stat
 
 from protocol.config import pid_path, run_dir
+
+from .fileio import create_private
 
 LOCK_NAME = "LOCK"
 
 
 class AlreadyRunning(Exception):
     pass
+
+
+class NotPrivate(Exception):
+    """The data directory (or its run/) is owned by another user or writable by group or others."""
+
+
+# file descriptors of the data-directory locks this process holds (a forked child closes them)
+_HELD: set[int] = set()
+
+
+def held_lock_fds() -> list[int]:
+    return sorted(_HELD)
+
+
+def _check_dir(path: str, what: str, st: os.stat_result) -> None:
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotPrivate(f"{what} {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise NotPrivate(f"{what} {path} is owned by another user (uid {st.st_uid}); it must belong to uid "
+                         f"{os.geteuid()}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise NotPrivate(f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                         f"make it private: chmod 700 {path}")
+
+
+def check_private(data_dir: str) -> None:
+    """Refuse a data directory, or its run/, that another user owns or that group or others can
+    write to. The data directory itself may be reached through a symlink (its target is checked);
+    run/ is checked without following one (a symlinked run/ is refused)."""
+    try:
+        st = os.stat(data_dir)
+    except FileNotFoundError:
+        return  # created 0700 by the lock
+    _check_dir(data_dir, "the data directory", st)
+    path = run_dir(data_dir)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise NotPrivate(f"the run directory {path} is a symbolic link; remove it (it is recreated)")
+    _check_dir(path, "the run directory", st)
 
 
 class DataDirLock:
@@ -27,7 +78,7 @@ class DataDirLock:
     def acquire(self) -> None:
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.data_dir, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -39,9 +90,11 @@ class DataDirLock:
                     f"another convmem-storaged{who} already owns the data directory {self.data_dir}") from None
             raise
         self.fd = fd
+        _HELD.add(fd)
 
     def release(self) -> None:
         if self.fd is not None:
+            _HELD.discard(self.fd)
             os.close(self.fd)
             self.fd = None
 
@@ -50,6 +103,9 @@ def prepare_run_dir(data_dir: str) -> str:
     """The directory of the ipc socket and pid file: only this user may enter it."""
     path = run_dir(data_dir)
     os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():  # planted after check_private
+        raise NotPrivate(f"the run directory {path} is a symbolic link or owned by another user")
     os.chmod(path, 0o700)
     return path
 
@@ -57,7 +113,8 @@ def prepare_run_dir(data_dir: str) -> str:
 def write_pid(data_dir: str) -> None:
     path = pid_path(data_dir)
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    fd = create_private(tmp)
+    with os.fdopen(fd, "w") as f:
         f.write(f"{os.getpid()}\n")
     os.replace(tmp, path)
 

@@ -3,6 +3,11 @@
 Everything durable goes through here so that (1) the I/O counters of ``get_system_health`` are
 counted where the I/O happens, and (2) tests can substitute a layer that fails on purpose (short
 writes, EIO, a power cut that drops whatever was not synced) and prove nothing acknowledged is lost.
+
+No open here follows a symbolic link, and a new file is always a new inode (``O_EXCL``, after
+unlinking a leftover — ``unlink`` removes a link, never its target): a ``snapshot.tmp`` or
+``log.compact`` planted as a symlink, or left behind by someone else, is never written through or
+reused with its old owner and mode. Files are created 0600.
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ class FileIO:
 
     def read_all(self, path: str):
         """The file's bytes, as a buffer. Large files are memory-mapped rather than copied."""
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             size = os.fstat(fd).st_size
             if size == 0:
@@ -58,12 +63,12 @@ class FileIO:
 
     # -- writing --
     def open_append(self, path: str, create: bool = True) -> int:
-        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
         return os.open(path, flags, 0o600)
 
     def open_new(self, path: str) -> int:
-        """A fresh file to fill and then rename into place."""
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        """A fresh file (a new inode, 0600) to fill and then rename into place."""
+        return create_private(path)
 
     def write(self, fd: int, data: bytes) -> None:
         view = memoryview(data)
@@ -115,3 +120,13 @@ class FileIO:
             self.close(fd)
         self.replace(tmp, path)
         self.sync_dir(os.path.dirname(path) or ".")
+
+
+def create_private(path: str) -> int:
+    """Open a new 0600 file at ``path`` for writing, removing whatever was there (a leftover of an
+    interrupted write, or a planted symlink: unlinked, its target untouched)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

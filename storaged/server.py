@@ -17,6 +17,7 @@ daemon that has not started to listen yet.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
@@ -35,7 +36,7 @@ from protocol import wire
 from protocol.errors import ProtocolError, error_reply
 from protocol.history import HistoryError
 
-from . import compaction, views
+from . import compaction, datadir, views
 from .history import HistoryViews
 from .history import handlers as history_handlers
 from .store import BACKGROUND_SUFFIX, Store
@@ -68,10 +69,33 @@ GROUP_MAX_BYTES = 2 * L.MAX_REQUEST_BYTES
 REPLY_HWM = 4
 REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
+_PR_SET_PDEATHSIG = 1
 
 
 class RebuildCancelled(Exception):
     pass
+
+
+def _detach_snapshot_child(parent: int) -> None:
+    """In a forked snapshot child: let go of the data directory's lock and die with the daemon.
+
+    The child inherits the lock's descriptor, and a flock is held until every copy of it is closed:
+    a child still writing when the daemon crashed would keep a restarted daemon out (exit 3).
+    Closing the child's copy does not release the parent's lock. PR_SET_PDEATHSIG makes the kernel
+    kill the child when the daemon dies; the getppid check covers a daemon that died before the
+    prctl took effect."""
+    for fd in datadir.held_lock_fds():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the lock is released all the same; only an orphan may finish its write
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 class Server:
@@ -247,6 +271,7 @@ class Server:
             return
         tmp = store.snapshot_path + BACKGROUND_SUFFIX
         pos = store.writer.size
+        parent = os.getpid()
         try:
             pid = os.fork()
         except OSError as exc:
@@ -258,6 +283,10 @@ class Server:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                _detach_snapshot_child(parent)
+                delay = float(os.environ.get("CONVMEM_FAULT_SNAPSHOT_DELAY_S") or 0)
+                if delay > 0:  # a fault-injection seam for tests: a snapshot that takes this long
+                    time.sleep(delay)
                 store.write_snapshot_file(tmp)
                 code = 0
             except BaseException:

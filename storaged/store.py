@@ -18,13 +18,14 @@ from collections import OrderedDict
 from typing import Any
 
 from protocol import errors as E
+from protocol import limits as L
 from protocol.errors import ProtocolError
 
 from . import log as logfile
 from . import snapshot
 from .fileio import FileIO
 from .handles import session_digest
-from .idgen import IdClock
+from .idgen import IdClock, ulid_ms
 from .indexes import IndexSizes, RelationIndex, Session, TouchIndex
 from .ingeststate import IngestState
 from .model import RECORD_FIELDS, RECORD_FIELDS_0_1, Message, message_from_args
@@ -38,8 +39,11 @@ SNAPSHOT_NAME = "snapshot"
 COMPACT_SUFFIX = ".compact"
 CURSOR_KEY_NAME = "cursor.key"
 BACKGROUND_SUFFIX = ".bg.tmp"  # a snapshot being written by a forked child
-# Request ids remembered for exactly-once retries. A retry comes seconds after its original, so
-# this window is generous; it is kept durably (log records, snapshot, the compacted log).
+# Request ids remembered for exactly-once retries: at most this many, and none older than
+# L.REQUEST_ID_RETENTION_S. A retry comes seconds after its original, so this is generous; the
+# window is kept durably (log records, snapshot, the compacted log's checkpoint record). The time of
+# a request id is when the daemon saw it (the time of the record it names), never the time a client
+# wrote into the ULID: a client could send any, and one dated 9999 would then be kept for ever.
 RID_WINDOW = 16384
 
 
@@ -67,7 +71,8 @@ class Store:
         self.touches = TouchIndex()
         self.search = SearchIndex()
         self.clock = IdClock()
-        self.rids: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
+        # request id -> (op, message id, revision, ms the daemon saw it), oldest first
+        self.rids: OrderedDict[str, tuple[str, str, int, int]] = OrderedDict()
         self.last_seq = 0
         # log accounting (the current log file only)
         self.update_records = 0
@@ -83,6 +88,8 @@ class Store:
         self.recovered_tail = False
         self.snapshot_valid = True
         self.last_error = ""
+        # last_error of an append that failed but was fully undone: the next durable append clears it
+        self.transient_error: str | None = None
         self.corrupt: str | None = None   # mutations refused with CORRUPT_STORE while set
         self.broken: str | None = None    # mutations refused with IO_ERROR while set
         self.rebuilding = False
@@ -113,7 +120,7 @@ class Store:
         for leftover in (self.log_path + COMPACT_SUFFIX, self.log_path + ".new",
                          self.snapshot_path + snapshot.TMP_SUFFIX, self.snapshot_path + BACKGROUND_SUFFIX,
                          os.path.join(self.dir, CURSOR_KEY_NAME) + ".tmp"):
-            if io.exists(leftover):
+            if os.path.lexists(leftover):
                 LOG.info("removing leftover %s of an interrupted write", os.path.basename(leftover))
                 io.remove(leftover)
         self._load_cursor_key()
@@ -174,6 +181,10 @@ class Store:
             finally:
                 self.io.close(fd)
             self.recovered_tail = True
+        if self.clock.rejected:
+            LOG.warning("%d stored ids or times lie more than %d h beyond the wall clock; they are kept as they "
+                        "are, but new writes take their times from the wall clock", self.clock.rejected,
+                        L.CLOCK_SKEW_MAX_MS // 3_600_000)
         if salvage:
             return
         self.writer = logfile.LogWriter(self.io, self.log_path, salt, end)
@@ -191,15 +202,16 @@ class Store:
             return logfile.HEADER_SIZE
         self.last_seq = meta["last_seq"]
         last_id, last_ms = meta["clock"]
+        rejected = self.clock.rejected
         if last_id:
             self.clock.observe_id(last_id)
         self.clock.observe_ms(last_ms)
+        clock_poisoned = self.clock.rejected > rejected
         self.update_records = meta["update_records"]
         self.deleted_messages = meta["deleted_messages"]
         self.record_count = meta["record_count"]
         self.checkpoint_bytes = meta["checkpoint_bytes"]
-        for rid, op, mid, rev in meta["rids"]:
-            self.rids[rid] = (op, mid, rev)
+        self._load_rids(meta["rids"])
         rec_size_at = RECORD_FIELDS if meta["snapshot_version"] >= 3 else RECORD_FIELDS_0_1
         for sid, fields, size in meta.get("session_meta", ()):
             self.session_meta[sid] = fields
@@ -207,6 +219,12 @@ class Store:
             self.meta_bytes += size
         self.ingest.load(meta.get("checkpoints", ()))
         self._bulk_load(messages, rec_size_at)
+        if clock_poisoned:
+            # the snapshot's clock lies beyond the bound (written before the bound existed): recover
+            # the newest plausible id and time from the messages themselves
+            for msg in self.by_id.values():
+                self.clock.observe_id(msg.message_id)
+                self.clock.observe_ms(msg.updated_at)
         self.body_bytes, self.metadata_bytes, self.entry_bytes = meta["memory"]
         self.snapshot_pos = meta["log_pos"]
         self.snapshot_records = self.record_count
@@ -227,7 +245,7 @@ class Store:
             if msg.message_id in self.by_id:
                 return
             self._insert(msg)
-            self._after_record(rec[1], "w", msg.message_id, msg.revision, msg.seq)
+            self._after_record(rec[1], "w", msg.message_id, msg.revision, msg.seq, msg.timestamp)
             self.clock.observe_id(msg.message_id)
             self.clock.observe_ms(msg.updated_at)
         elif kind == "u":
@@ -242,7 +260,7 @@ class Store:
             else:
                 self._replace(old, msg)
             self.update_records += 1
-            self._after_record(rec[1], "u", msg.message_id, msg.revision, rec[2])
+            self._after_record(rec[1], "u", msg.message_id, msg.revision, rec[2], msg.updated_at)
             self.clock.observe_ms(msg.updated_at)
         elif kind == "d":
             old = self.by_id.get(rec[3])
@@ -250,15 +268,16 @@ class Store:
                 return
             self._remove(old)
             self.deleted_messages += 1
-            self._after_record(rec[1], "d", old.message_id, 0, rec[2])
+            # since 0.3 a delete record carries its time; before, the request id's own time stands in
+            seen = rec[4] if len(rec) > 4 else (ulid_ms(rec[1]) if rec[1] else 0)
+            self._after_record(rec[1], "d", old.message_id, 0, rec[2], seen)
         elif kind == "c":
             _, last_seq, last_id, last_ms, rids = rec
             self.last_seq = max(self.last_seq, last_seq)
             if last_id:
                 self.clock.observe_id(last_id)
             self.clock.observe_ms(last_ms)
-            for rid, op, mid, rev in rids:
-                self._remember(rid, op, mid, rev)
+            self._load_rids(rids)
             self.checkpoint_bytes = size
         elif kind == "s":
             self._apply_session_meta(rec[2], rec[3], size)
@@ -273,17 +292,36 @@ class Store:
         self.meta_bytes += size
         self.sessions_version += 1
 
-    def _after_record(self, rid: str | None, op: str, mid: str, rev: int, seq: int) -> None:
+    def _after_record(self, rid: str | None, op: str, mid: str, rev: int, seq: int, seen_ms: int) -> None:
         if seq > self.last_seq:
             self.last_seq = seq
         if rid:
-            self._remember(rid, op, mid, rev)
+            self._remember(rid, op, mid, rev, seen_ms)
 
-    def _remember(self, rid: str, op: str, mid: str, rev: int) -> None:
-        self.rids[rid] = (op, mid, rev)
-        self.rids.move_to_end(rid)
-        while len(self.rids) > RID_WINDOW:
-            self.rids.popitem(last=False)
+    def _load_rids(self, entries: list[list[Any]]) -> None:
+        """The request-id window of a checkpoint record or snapshot: [rid, op, mid, rev, seen_ms]
+        (before 0.3 without seen_ms: the request id's own time stands in, bounded like any)."""
+        for entry in entries:
+            rid, op, mid, rev = entry[:4]
+            self._remember(rid, op, mid, rev, entry[4] if len(entry) > 4 else ulid_ms(rid))
+
+    def _remember(self, rid: str, op: str, mid: str, rev: int, seen_ms: int) -> None:
+        # never later than the clock's bound: a poisoned record must not keep its id for ever
+        seen_ms = min(seen_ms, self.clock.limit_ms())
+        rids = self.rids
+        rids[rid] = (op, mid, rev, seen_ms)
+        rids.move_to_end(rid)
+        while len(rids) > RID_WINDOW:
+            rids.popitem(last=False)
+        # oldest first (in the order seen), so the expired ones are at the front
+        cutoff = self.clock.wall_ms() - L.REQUEST_ID_RETENTION_S * 1000
+        while rids and next(iter(rids.values()))[3] < cutoff:
+            rids.popitem(last=False)
+
+    def rid_entries(self) -> list[list[Any]]:
+        """The request-id window as stored (checkpoint record, snapshot), without the expired ones."""
+        cutoff = self.clock.wall_ms() - L.REQUEST_ID_RETENTION_S * 1000
+        return [[rid, op, mid, rev, seen] for rid, (op, mid, rev, seen) in self.rids.items() if seen >= cutoff]
 
     def _insert(self, msg: Message, index_search: bool = True, track_order: bool = True) -> None:
         self.by_id[msg.message_id] = msg
@@ -386,7 +424,11 @@ class Store:
         return self._append_many([record])[0]
 
     def _append_many(self, records: list[list[Any]]) -> list[int]:
-        """Append records in one write and one fsync (a batch); returns their framed sizes."""
+        """Append records in one write and one fsync (a batch); returns their framed sizes.
+
+        A failure the writer fully undid (nothing stored) sets ``last_error`` (health DEGRADED) only
+        until the next append succeeds: a transient ENOSPC or EIO must not leave the health wrong for
+        good. A failure that could not be undone (``broken``) stays until a restart."""
         framed = [logfile.encode_record(self.salt, r) for r in records]
         data = framed[0] if len(framed) == 1 else b"".join(framed)
         try:
@@ -400,8 +442,14 @@ class Store:
             raise ProtocolError(E.IO_ERROR, "the log write failed and the log could not be restored") from None
         except OSError as exc:
             self.last_error = f"log append failed ({exc.strerror or exc}); the request was not applied"
+            self.transient_error = self.last_error
             LOG.error("%s", self.last_error)
             raise ProtocolError(E.IO_ERROR, "the log write or flush failed; nothing was stored") from None
+        if self.transient_error is not None:
+            if self.last_error == self.transient_error:
+                LOG.info("the log accepts appends again; clearing the error of the earlier failed append")
+                self.last_error = ""
+            self.transient_error = None
         self.record_count += len(framed)
         return [len(f) for f in framed]
 
@@ -409,7 +457,7 @@ class Store:
         """The first result of a request id seen before, or None if it is new."""
         if not rid or rid not in self.rids:
             return None
-        first_op, mid, _rev = self.rids[rid]
+        first_op, mid = self.rids[rid][:2]
         if first_op != op:
             raise ProtocolError(E.VALIDATION_ERROR, "request_id was already used by a different operation")
         if op == "d":
@@ -435,7 +483,7 @@ class Store:
                                 args["metadata"])
         msg.rec_size = self._append(["w", rid, msg.fields()])
         self._insert(msg)
-        self._after_record(rid, "w", message_id, 1, seq)
+        self._after_record(rid, "w", message_id, 1, seq, ts)
         return {"status": "OK", "message": msg.to_dict()}
 
     def update_message(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
@@ -462,7 +510,7 @@ class Store:
         new.rec_size = self._append(["u", rid, seq, new.fields()])
         self._replace(old, new)
         self.update_records += 1
-        self._after_record(rid, "u", new.message_id, new.revision, seq)
+        self._after_record(rid, "u", new.message_id, new.revision, seq, new.updated_at)
         return {"status": "OK", "changed": True, "message": new.to_dict()}
 
     def delete_message(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
@@ -474,10 +522,11 @@ class Store:
         if msg is None or (args["session_id"] is not None and args["session_id"] != msg.session_id):
             return {"status": "NOT_FOUND"}
         seq = self.last_seq + 1
-        self._append(["d", rid, seq, msg.message_id])
+        now = self.clock.now_ms()
+        self._append(["d", rid, seq, msg.message_id, now])
         self._remove(msg)
         self.deleted_messages += 1
-        self._after_record(rid, "d", msg.message_id, 0, seq)
+        self._after_record(rid, "d", msg.message_id, 0, seq, now)
         return {"status": "OK"}
 
     def import_messages(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
@@ -492,7 +541,9 @@ class Store:
         fresh: list[Message] = []
         seen: set[str] = set()
         existing = 0
+        future = 0
         seq = self.last_seq
+        clock = self.clock
         for m in args["messages"]:
             if m["message_id"] in self.by_id or m["message_id"] in seen:
                 existing += 1
@@ -502,6 +553,8 @@ class Store:
             msg = message_from_args(m["message_id"], m["session_id"], seq, m["timestamp"], m["role"], m["content"],
                                     m["metadata"], m["event"])
             msg.revision, msg.updated_at = m["revision"], m["updated_at"]
+            if clock.beyond_id(msg.message_id) or clock.beyond_ms(msg.timestamp) or clock.beyond_ms(msg.updated_at):
+                future += 1  # stored as it is; the clock does not observe it (see idgen)
             fresh.append(msg)
         metas = [(sid, fields) for sid, fields in args["sessions"]
                  if fields and any(self.session_meta.get(sid, {}).get(k) != v for k, v in fields.items())]
@@ -515,12 +568,18 @@ class Store:
             for msg, size in zip(fresh, sizes[len(metas):]):
                 msg.rec_size = size
                 self._insert(msg)
-                self._after_record(None, "w", msg.message_id, msg.revision, msg.seq)
+                self._after_record(None, "w", msg.message_id, msg.revision, msg.seq, msg.timestamp)
                 self.clock.observe_id(msg.message_id)
                 self.clock.observe_ms(msg.updated_at)
             for (src, key, value), size in zip(args["checkpoints"], sizes[len(metas) + len(fresh):]):
                 self.ingest.apply(src, key, value, size)
-        return {"status": "OK", "imported": len(fresh), "existing": existing}
+        if future:
+            LOG.warning("import: %d messages carry an id or time more than %d h beyond the wall clock; stored as "
+                        "they are, the clock of new writes ignores them", future, L.CLOCK_SKEW_MAX_MS // 3_600_000)
+        reply = {"status": "OK", "imported": len(fresh), "existing": existing}
+        if future:
+            reply["future_times"] = future  # only when there are some: the usual reply stays as it was
+        return reply
 
     # ------------------------------------------------------------------ snapshot and health
     def snapshot_meta(self, salt: bytes, log_pos: int) -> dict[str, Any]:
@@ -529,7 +588,7 @@ class Store:
             "clock": [self.clock.last_id, self.clock.last_ms],
             "update_records": self.update_records, "deleted_messages": self.deleted_messages,
             "record_count": self.record_count, "checkpoint_bytes": self.checkpoint_bytes,
-            "rids": [[rid, op, mid, rev] for rid, (op, mid, rev) in self.rids.items()],
+            "rids": self.rid_entries(),
             "memory": [self.body_bytes, self.metadata_bytes, self.entry_bytes],
             "session_meta": [[sid, fields, self.meta_rec_sizes.get(sid, 0)]
                              for sid, fields in self.session_meta.items()],
