@@ -58,6 +58,7 @@ EXIT_FSYNC_FAILED = 75
 HARD_FRAME_CAP = 4 * L.MAX_REQUEST_BYTES
 REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
+ZAP_DOMAIN = "convmem"
 
 
 class RebuildCancelled(Exception):
@@ -65,14 +66,31 @@ class RebuildCancelled(Exception):
 
 
 class Server:
-    def __init__(self, store: Store | None, endpoint: str, curve_secret_key: bytes | None = None) -> None:
+    def __init__(self, store: Store | None, endpoint: str, curve_secret_key: bytes | None = None,
+                 curve_clients_dir: str | None = None) -> None:
         self.store: Store | None = None
         self.endpoint = endpoint
         self.ctx = zmq.Context.instance()
+        # What ping says about the store served (store_id, data_dir): front-ends check it.
+        self.identity: dict[str, Any] = {}
+        self.authenticator: Any = None
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, HARD_FRAME_CAP)
         if curve_secret_key is not None:
+            if curve_clients_dir is not None:
+                # ZAP: only clients whose public key has a certificate in the directory get through the
+                # handshake (the others get no connection, hence no reply). Started before the bind.
+                # libzmq 4.3.5 asks ZAP about a CURVE peer only when the socket has a ZAP domain (with an
+                # empty one every key passes, whatever the handler says), so the domain is named on both
+                # sides; ZAP_ENFORCE_DOMAIN makes a missing handler deny rather than allow everyone.
+                from zmq.auth.thread import ThreadAuthenticator
+
+                self.authenticator = ThreadAuthenticator(self.ctx, log=logging.getLogger("convmem.storaged.zap"))
+                self.authenticator.start()
+                self.authenticator.configure_curve(domain=ZAP_DOMAIN, location=curve_clients_dir)
+                self.sock.zap_domain = ZAP_DOMAIN.encode()
+                self.sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
             self.sock.curve_secretkey = curve_secret_key
             self.sock.curve_server = True
         self.wake_addr = f"inproc://convmem-rebuild-{id(self)}"
@@ -295,7 +313,7 @@ class Server:
 
     def _loading_reply(self, op: str) -> dict[str, Any]:
         if op == "ping":
-            return {"status": "OK", "pid": os.getpid(), "rebuilding": False, "loading": True}
+            return {"status": "OK", "pid": os.getpid(), "rebuilding": False, "loading": True, **self.identity}
         if op in H.HISTORY_TOOLS:
             reply = H.refresh_error().reply()
         else:
@@ -309,7 +327,8 @@ class Server:
 
     # ---------------------------------------------------------------- small ops
     def _ping(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
-        return {"status": "OK", "pid": os.getpid(), "rebuilding": self.store.rebuilding, "loading": False}
+        return {"status": "OK", "pid": os.getpid(), "rebuilding": self.store.rebuilding, "loading": False,
+                **self.identity}
 
     def _ingest_heartbeat(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
         self.store.ingest.heartbeat(args)
@@ -425,6 +444,9 @@ class Server:
         self.cancel_rebuild()
         self.sock.close(linger=0)
         self.wake_recv.close(linger=0)
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
 
 
 def split_envelope(frames: list[bytes]) -> tuple[list[bytes] | None, list[bytes]]:
