@@ -103,6 +103,9 @@ class DaemonClient:
         self._curve_keys = (curve_client_keys or zmq.curve_keypair()) if curve_server_key is not None else None
         # Endpoint identity: the daemon must serve this data dir (checked by ping once per connection)
         self.identity = IdentityCheck(expected_data_dir) if expected_data_dir else None
+        # With an identity to keep: a monitor per socket, so a connection that dropped while the socket sat
+        # idle (libzmq reconnects it silently, maybe to another daemon now on the path) is noticed.
+        self._monitors: dict[zmq.asyncio.Socket, zmq.asyncio.Socket] = {}
         self.timeout = timeout
         self.attempts = max(1, attempts)
         self._ctx = context
@@ -120,7 +123,7 @@ class DaemonClient:
 
     def close(self) -> None:
         for sock in self._idle:
-            sock.close(linger=0)
+            self._close_socket(sock)
         self._idle.clear()
         if self._ctx is not None and self._own_ctx:
             self._ctx.destroy(linger=0)
@@ -179,6 +182,8 @@ class DaemonClient:
             if self._curve_keys is not None:
                 sock.curve_serverkey = self.curve_server_key
                 sock.curve_publickey, sock.curve_secretkey = self._curve_keys
+            if self.identity is not None:
+                self._monitors[sock] = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             sock.connect(self.endpoint)
         done = False
         try:
@@ -193,9 +198,28 @@ class DaemonClient:
             if done and len(self._idle) < IDLE_SOCKETS_MAX:
                 self._idle.append(sock)
             else:
-                sock.close(linger=0)
+                self._close_socket(sock)
             if not done and self.identity is not None:
                 self.identity.reset()  # whoever answers next may be another daemon: ask again
+
+    def _close_socket(self, sock: zmq.asyncio.Socket) -> None:
+        mon = self._monitors.pop(sock, None)
+        if mon is not None:
+            sock.disable_monitor()
+            mon.close(linger=0)
+        sock.close(linger=0)
+
+    def drop_disconnected(self) -> bool:
+        """Close the idle sockets whose connection dropped since they were last used; True if any did
+        (whoever answers them now may be another daemon)."""
+        lost = False
+        for sock in list(self._idle):
+            mon = self._monitors.get(sock)
+            if mon is not None and mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._idle.remove(sock)
+                self._close_socket(sock)
+                lost = True
+        return lost
 
     @staticmethod
     def _decode(raw: bytes, op: str) -> dict[str, Any]:
@@ -234,7 +258,7 @@ class IdentityCheck:
 
     The store matches when its ``store_id`` equals the one in our data dir, or (no id file yet, e.g. before
     the first start) when its real path equals ours. Verified once, then again only after an attempt
-    failed (the daemon may have been replaced) — never per call."""
+    failed or a pooled connection dropped (the daemon may have been replaced) — never a ping per call."""
 
     MESSAGE = ("the storage daemon at this endpoint serves another data directory; refusing to use it "
                "(fix --endpoint / CONVMEM_ENDPOINT, or stop that daemon)")
@@ -250,6 +274,8 @@ class IdentityCheck:
 
     async def verify(self, client: "DaemonClient") -> dict[str, Any] | None:
         """None when the daemon may be used (or did not answer: the request then says so itself)."""
+        if client.drop_disconnected():
+            self.verified = False
         if not self.verified:
             reply = await client.request("ping", {}, timeout=min(client.timeout, 2.0), attempts=1)
             if reply.get("status") == "OK":
