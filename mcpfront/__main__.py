@@ -123,17 +123,10 @@ def transport_security(host: str, extra: list[str]) -> Any:
     )
 
 
-def knows_data_dir(args: argparse.Namespace, endpoint: str, data_dir: str) -> bool:
-    """Whether this front-end may insist that the daemon serves ``data_dir``: it was named (option or
-    environment), or the endpoint is the data dir's own. A bare CONVMEM_ENDPOINT to some daemon
-    elsewhere, with no data dir named, is trusted as it is."""
-    return bool(args.data_dir or os.environ.get("CONVMEM_DATA_DIR")) or endpoint == config.default_endpoint(data_dir)
-
-
 async def _run(args: argparse.Namespace, token: str | None = None) -> None:
     import anyio
 
-    from .client import DaemonClient
+    from .client import DaemonClient, identity_data_dir
     from .server import Backend, build_server
     from .spawn import Spawner
 
@@ -141,7 +134,7 @@ async def _run(args: argparse.Namespace, token: str | None = None) -> None:
     endpoint = args.endpoint or config.default_endpoint(data_dir)
     client = DaemonClient(endpoint, timeout=args.timeout, curve_server_key=args.curve_server_key,
                           curve_client_keys=args.curve_client_keys,
-                          expected_data_dir=data_dir if knows_data_dir(args, endpoint, data_dir) else None)
+                          expected_data_dir=identity_data_dir(args.data_dir, endpoint, data_dir))
     spawner = None if args.no_spawn else Spawner(client, data_dir, endpoint)
     # stdio: the host started this process in its project; HTTP: clients must say (MCP roots)
     server = build_server(Backend(client, spawner), args.tools, None if args.http else os.getcwd())

@@ -301,6 +301,17 @@ class IdentityCheck:
         self.verified, self.foreign = True, (None if same else str(their_dir))
 
 
+def identity_data_dir(named: str | None, endpoint: str, data_dir: str) -> str | None:
+    """The data dir a client may insist the daemon serves: one that was named (option or
+    $CONVMEM_DATA_DIR), or any when the endpoint is the data dir's own. A bare CONVMEM_ENDPOINT to some
+    daemon elsewhere, with no data dir named, is taken as it is."""
+    from protocol.config import default_endpoint
+
+    if named or os.environ.get("CONVMEM_DATA_DIR") or endpoint == default_endpoint(data_dir):
+        return data_dir
+    return None
+
+
 def read_curve_client_keys(path: str | None) -> tuple[bytes, bytes] | None:
     """This client's persistent CURVE key pair from a zmq.auth secret certificate (``*.key_secret`` as
     written by ``zmq.auth.create_certificates``); None when no file is named."""

@@ -48,7 +48,8 @@ def curve_daemon(tmp_path):
 
 async def test_client_with_and_without_the_server_key(curve_daemon) -> None:
     d, public, _, listed = curve_daemon
-    good = DaemonClient(d.endpoint, timeout=2.0, curve_server_key=public, curve_client_keys=read_curve_client_keys(listed))
+    good = DaemonClient(d.endpoint, timeout=2.0, curve_server_key=public,
+                        curve_client_keys=read_curve_client_keys(listed))
     try:
         assert await good.ping(timeout=2.0)
         r = await good.request("write_message", {"session_id": "s", "role": "user", "content": "over CURVE"})
