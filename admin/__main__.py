@@ -15,7 +15,8 @@ import signal
 import sys
 from typing import Any, BinaryIO, TextIO
 
-from mcpfront.client import DEFAULT_TIMEOUT_S, DaemonClient, read_curve_server_key
+from mcpfront.client import (DEFAULT_TIMEOUT_S, DaemonClient, identity_data_dir, read_curve_client_keys,
+                             read_curve_server_key)
 from mcpfront.server import Backend
 from mcpfront.spawn import Spawner
 from protocol import errors as E
@@ -42,6 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-spawn", action="store_true", help="never start a storage daemon")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per daemon request attempt")
     p.add_argument("--curve-server-key-file", help="the daemon's CURVE public key, for a tcp:// endpoint")
+    p.add_argument("--curve-client-key-file", help="this client's CURVE key pair, a secret certificate whose "
+                                                   "public key is on the daemon's allow-list "
+                                                   "(default: $CONVMEM_CURVE_CLIENT_KEY_FILE)")
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="write the store (or one session) as JSON Lines, one message per line")
     e.add_argument("--session", help="only this session_id")
@@ -71,7 +75,9 @@ class Admin:
         data_dir = os.path.abspath(args.data_dir or default_data_dir())
         endpoint = args.endpoint or default_endpoint(data_dir)
         self.client = DaemonClient(endpoint, timeout=args.timeout,
-                                   curve_server_key=read_curve_server_key(args.curve_server_key_file))
+                                   curve_server_key=read_curve_server_key(args.curve_server_key_file),
+                                   curve_client_keys=read_curve_client_keys(args.curve_client_key_file),
+                                   expected_data_dir=identity_data_dir(args.data_dir, endpoint, data_dir))
         spawner = None if args.no_spawn else Spawner(self.client, data_dir, endpoint)
         self.backend = Backend(self.client, spawner)
 

@@ -32,6 +32,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-spawn", action="store_true", help="never start a storage daemon (e.g. under supervisord)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per daemon request attempt")
     p.add_argument("--curve-server-key-file", help="the daemon's CURVE public key, for a tcp:// endpoint")
+    p.add_argument("--curve-client-key-file", help="this client's CURVE key pair, a secret certificate whose "
+                                                   "public key is on the daemon's allow-list "
+                                                   "(default: $CONVMEM_CURVE_CLIENT_KEY_FILE)")
     p.add_argument("--harness", action="append", choices=HARNESSES,
                    help="only this harness (repeatable; default: all of " + ", ".join(HARNESSES) + ")")
     p.add_argument("--interval", type=float, default=HEARTBEAT_INTERVAL_S,
@@ -45,13 +48,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from mcpfront.client import DaemonClient, read_curve_server_key
+    from mcpfront.client import DaemonClient, identity_data_dir, read_curve_client_keys, read_curve_server_key
     from mcpfront.spawn import Spawner
 
     data_dir = os.path.abspath(args.data_dir or default_data_dir())
     endpoint = args.endpoint or default_endpoint(data_dir)
     client = DaemonClient(endpoint, timeout=args.timeout,
-                          curve_server_key=read_curve_server_key(args.curve_server_key_file))
+                          curve_server_key=read_curve_server_key(args.curve_server_key_file),
+                          curve_client_keys=read_curve_client_keys(args.curve_client_key_file),
+                          expected_data_dir=identity_data_dir(args.data_dir, endpoint, data_dir))
     spawner = None if args.no_spawn else Spawner(client, data_dir, endpoint)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

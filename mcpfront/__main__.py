@@ -15,6 +15,8 @@ from typing import Any
 from protocol import config
 from protocol import limits as L
 
+from .auth import BearerTokenMiddleware, TokenFileError, is_loopback_host, load_or_create_token
+
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8765
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -42,20 +44,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="with --http: another Host name to accept (DNS-rebinding protection accepts only "
                         "loopback names and the bind address otherwise); repeatable")
+    p.add_argument("--http-token-file", metavar="PATH",
+                   help="with --http: the file of the bearer token clients must send (default: "
+                        "$CONVMEM_HTTP_TOKEN_FILE, else DATA_DIR/http-token; created 0600 on first start)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="with --http on a loopback address only: accept requests without a bearer token")
+    p.add_argument("--print-token", action="store_true",
+                   help="print the HTTP bearer token (creating its file if needed) to stdout and exit")
     p.add_argument("--curve-server-key-file", help="the daemon's CURVE public key, for a tcp:// endpoint "
                                                    "(default: $CONVMEM_CURVE_SERVER_KEY_FILE)")
+    p.add_argument("--curve-client-key-file",
+                   help="this client's CURVE key pair (a zmq.auth secret-key certificate), whose public key "
+                        "is in the daemon's allow-list (default: $CONVMEM_CURVE_CLIENT_KEY_FILE)")
     p.add_argument("--log-level", default=os.environ.get("CONVMEM_LOG_LEVEL", "WARNING"),
                    help="log level for stderr (default WARNING)")
     args = p.parse_args(argv)
     if args.timeout <= 0:
         p.error("--timeout must be positive")
-    from .client import read_curve_server_key
+    from .client import read_curve_client_keys, read_curve_server_key
 
     try:
         args.curve_server_key = read_curve_server_key(args.curve_server_key_file)
     except (OSError, ValueError) as exc:
         p.error(f"--curve-server-key-file: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        args.curve_client_keys = read_curve_client_keys(args.curve_client_key_file)
+    except (OSError, ValueError) as exc:
+        p.error(f"--curve-client-key-file: {getattr(exc, 'strerror', None) or exc}")
+    if args.no_auth and args.http and not is_loopback_host(args.host):
+        p.error(f"--no-auth is allowed only on a loopback bind address, not {args.host!r}: anyone who can "
+                f"reach the port could read and change the memory")
+    args.data_dir = os.path.abspath(args.data_dir) if args.data_dir else None
     return args
+
+
+def http_token(args: argparse.Namespace, data_dir: str) -> str | None:
+    """The bearer token HTTP clients must send (None with --no-auth); says on stderr where it is."""
+    if args.no_auth and not args.print_token:
+        print("convmem-mcp: --no-auth: HTTP requests are not authenticated (loopback bind only)", file=sys.stderr)
+        return None
+    path = os.path.abspath(args.http_token_file or os.environ.get(config.ENV_HTTP_TOKEN_FILE)
+                           or config.http_token_path(data_dir))
+    token, created = load_or_create_token(path)
+    if not args.print_token:
+        print(f"convmem-mcp: HTTP clients must send 'Authorization: Bearer <token>'; the token is in {path}"
+              f"{' (created now)' if created else ''}", file=sys.stderr)
+    return token
 
 
 def setup_logging(level: str) -> None:
@@ -89,16 +123,18 @@ def transport_security(host: str, extra: list[str]) -> Any:
     )
 
 
-async def _run(args: argparse.Namespace) -> None:
+async def _run(args: argparse.Namespace, token: str | None = None) -> None:
     import anyio
 
-    from .client import DaemonClient
+    from .client import DaemonClient, identity_data_dir
     from .server import Backend, build_server
     from .spawn import Spawner
 
-    data_dir = os.path.abspath(args.data_dir) if args.data_dir else config.default_data_dir()
+    data_dir = args.data_dir or config.default_data_dir()
     endpoint = args.endpoint or config.default_endpoint(data_dir)
-    client = DaemonClient(endpoint, timeout=args.timeout, curve_server_key=args.curve_server_key)
+    client = DaemonClient(endpoint, timeout=args.timeout, curve_server_key=args.curve_server_key,
+                          curve_client_keys=args.curve_client_keys,
+                          expected_data_dir=identity_data_dir(args.data_dir, endpoint, data_dir))
     spawner = None if args.no_spawn else Spawner(client, data_dir, endpoint)
     # stdio: the host started this process in its project; HTTP: clients must say (MCP roots)
     server = build_server(Backend(client, spawner), args.tools, None if args.http else os.getcwd())
@@ -108,7 +144,7 @@ async def _run(args: argparse.Namespace) -> None:
                 # In the background: initialize and tools/list must not wait for a daemon.
                 tg.start_soon(spawner.ensure)
             if args.http:
-                await _serve_http(server, args)
+                await _serve_http(server, args, token)
             else:
                 from mcp.server.stdio import stdio_server
 
@@ -123,17 +159,18 @@ async def _run(args: argparse.Namespace) -> None:
         client.close()
 
 
-async def _serve_http(server: Any, args: argparse.Namespace) -> None:
+async def _serve_http(server: Any, args: argparse.Namespace, token: str | None) -> None:
     import uvicorn
 
     if args.host in _WILDCARD_HOSTS:
         log.warning("listening on all interfaces; only loopback Host names and --allow-host are accepted")
-    app = server.streamable_http_app(
+    # the token (and Host/peer) check runs before the SDK sees anything
+    app = BearerTokenMiddleware(server.streamable_http_app(
         host=args.host,
         transport_security=transport_security(args.host, args.allow_host),
         # A request may carry a full-size content with JSON escaping: allow what the wire allows, twice.
         max_request_body_size=2 * L.MAX_REQUEST_BYTES,
-    )
+    ), token)
     cfg = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False,
                          server_header=False, lifespan="on")
     await uvicorn.Server(cfg).serve()
@@ -142,6 +179,17 @@ async def _serve_http(server: Any, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.log_level)
+    token = None
+    if args.http or args.print_token:
+        try:
+            token = http_token(args, args.data_dir or config.default_data_dir())
+        except (OSError, TokenFileError) as exc:
+            why = f"cannot use the HTTP token file: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
+            print(f"convmem-mcp: {why}", file=sys.stderr)
+            return 2
+        if args.print_token:
+            print(token)
+            return 0
     import anyio
 
     if args.http:
@@ -150,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         # as supervisord expects of a clean stop.
         signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        anyio.run(_run, args, backend="asyncio")
+        anyio.run(_run, args, token, backend="asyncio")
     except KeyboardInterrupt:
         return 130
     return 0

@@ -22,6 +22,7 @@ import zmq.asyncio
 
 from protocol import errors as E
 from protocol import limits as L
+from protocol.config import ENV_CURVE_CLIENT_KEY_FILE, ENV_CURVE_SERVER_KEY_FILE, store_id_path
 from protocol.validation import HOST_REQUEST_ID_TOOLS
 from protocol.wire import LOADING_KEY, encode_request
 
@@ -101,11 +102,21 @@ class DaemonRestarted(Exception):
 
 class DaemonClient:
     def __init__(self, endpoint: str, timeout: float = DEFAULT_TIMEOUT_S, attempts: int = DEFAULT_ATTEMPTS,
-                 context: zmq.asyncio.Context | None = None, curve_server_key: bytes | None = None) -> None:
+                 context: zmq.asyncio.Context | None = None, curve_server_key: bytes | None = None,
+                 curve_client_keys: tuple[bytes, bytes] | None = None,
+                 expected_data_dir: str | None = None) -> None:
         self.endpoint = endpoint
-        # CURVE (for a tcp:// daemon): the daemon's public key, and a key pair of our own
+        # CURVE (for a tcp:// daemon): the daemon's public key, and a key pair of our own — the persistent
+        # one whose public key is in the daemon's allow-list (a fresh pair only reaches --curve-allow-any)
         self.curve_server_key = curve_server_key
-        self._curve_keys = zmq.curve_keypair() if curve_server_key is not None else None
+        if curve_server_key is not None and curve_client_keys is None:
+            curve_client_keys = read_curve_client_keys(None)
+        self._curve_keys = (curve_client_keys or zmq.curve_keypair()) if curve_server_key is not None else None
+        # Endpoint identity: the daemon must serve this data dir (checked by ping once per connection)
+        self.identity = IdentityCheck(expected_data_dir) if expected_data_dir else None
+        # With an identity to keep: a monitor per socket, so a connection that dropped while the socket sat
+        # idle (libzmq reconnects it silently, maybe to another daemon now on the path) is noticed.
+        self._monitors: dict[zmq.asyncio.Socket, zmq.asyncio.Socket] = {}
         self.timeout = timeout
         self.attempts = max(1, attempts)
         self._ctx = context
@@ -123,7 +134,7 @@ class DaemonClient:
 
     def close(self) -> None:
         for sock in self._idle:
-            sock.close(linger=0)
+            self._close_socket(sock)
         self._idle.clear()
         if self._ctx is not None and self._own_ctx:
             self._ctx.destroy(linger=0)
@@ -136,6 +147,10 @@ class DaemonClient:
         """Send one request; return the daemon's reply map or a contract error. Never raises (except
         cancellation). ``watch``, asked while a reply is awaited, returns True when it found the daemon
         process gone and started a new one: the request then goes again at once, same request id."""
+        if self.identity is not None and op != "ping":
+            refused = await self.identity.verify(self)
+            if refused is not None:
+                return refused
         rid = request_id or new_request_id()
         frame = encode_or_error(op, args, rid, known, context)
         if isinstance(frame, dict):
@@ -191,6 +206,8 @@ class DaemonClient:
             if self._curve_keys is not None:
                 sock.curve_serverkey = self.curve_server_key
                 sock.curve_publickey, sock.curve_secretkey = self._curve_keys
+            if self.identity is not None:
+                self._monitors[sock] = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             sock.connect(self.endpoint)
         done = False
         try:
@@ -210,7 +227,28 @@ class DaemonClient:
             if done and len(self._idle) < IDLE_SOCKETS_MAX:
                 self._idle.append(sock)
             else:
-                sock.close(linger=0)
+                self._close_socket(sock)
+            if not done and self.identity is not None:
+                self.identity.reset()  # whoever answers next may be another daemon: ask again
+
+    def _close_socket(self, sock: zmq.asyncio.Socket) -> None:
+        mon = self._monitors.pop(sock, None)
+        if mon is not None:
+            sock.disable_monitor()
+            mon.close(linger=0)
+        sock.close(linger=0)
+
+    def drop_disconnected(self) -> bool:
+        """Close the idle sockets whose connection dropped since they were last used; True if any did
+        (whoever answers them now may be another daemon)."""
+        lost = False
+        for sock in list(self._idle):
+            mon = self._monitors.get(sock)
+            if mon is not None and mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._idle.remove(sock)
+                self._close_socket(sock)
+                lost = True
+        return lost
 
     @staticmethod
     async def _watched(roundtrip: Awaitable[bytes], timeout: float, watch: Callable[[], Awaitable[bool]]) -> bytes:
@@ -250,6 +288,8 @@ class DaemonClient:
         reply = await self.request("ping", {}, timeout=timeout, attempts=1)
         if reply.get("status") != "OK":
             return "down"
+        if self.identity is not None:
+            self.identity.judge(reply, self.endpoint)
         return "loading" if reply.get("loading") else "ready"
 
     async def ping(self, timeout: float = PING_TIMEOUT_S) -> bool:
@@ -257,9 +297,86 @@ class DaemonClient:
         return await self.probe(timeout) == "ready"
 
 
+class IdentityCheck:
+    """Is the daemon at our endpoint the one of our data directory? Its ping says which store it serves
+    (``store_id``, ``data_dir``); a front-end that knows its data dir refuses a daemon serving another one
+    — it would read and write the wrong store — with a contract IO_ERROR (not BUSY: retrying will not
+    help until someone fixes the endpoint configuration or stops the other daemon).
+
+    The store matches when its ``store_id`` equals the one in our data dir, or (no id file yet, e.g. before
+    the first start) when its real path equals ours. Verified once, then again only after an attempt
+    failed or a pooled connection dropped (the daemon may have been replaced) — never a ping per call."""
+
+    MESSAGE = ("the storage daemon at this endpoint serves another data directory; refusing to use it "
+               "(fix --endpoint / CONVMEM_ENDPOINT, or stop that daemon)")
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = os.path.realpath(data_dir)
+        self.store_id_file = store_id_path(data_dir)
+        self.verified = False
+        self.foreign: str | None = None  # the other daemon's data dir, when refused
+
+    def reset(self) -> None:
+        self.verified = False
+
+    async def verify(self, client: "DaemonClient") -> dict[str, Any] | None:
+        """None when the daemon may be used (or did not answer: the request then says so itself)."""
+        if client.drop_disconnected():
+            self.verified = False
+        if not self.verified:
+            reply = await client.request("ping", {}, timeout=min(client.timeout, 2.0), attempts=1)
+            if reply.get("status") == "OK":
+                self.judge(reply, client.endpoint)
+        if self.foreign is not None:
+            return E.error_reply(E.IO_ERROR, self.MESSAGE)
+        return None
+
+    def judge(self, ping: dict[str, Any], endpoint: str) -> None:
+        their_id, their_dir = ping.get("store_id"), ping.get("data_dir")
+        if not isinstance(their_id, str) and not isinstance(their_dir, str):
+            self.verified, self.foreign = True, None  # a daemon too old to say: nothing to compare
+            return
+        try:
+            with open(self.store_id_file, encoding="ascii") as f:
+                ours = f.read().strip()
+        except (OSError, ValueError):
+            ours = None
+        same = (ours is not None and their_id == ours) or their_dir == self.data_dir
+        if not same and self.foreign != their_dir:
+            log.error("the storage daemon at %s serves %s, not this front-end's data directory %s: refusing "
+                      "to use it", endpoint, their_dir, self.data_dir)
+        self.verified, self.foreign = True, (None if same else str(their_dir))
+
+
+def identity_data_dir(named: str | None, endpoint: str, data_dir: str) -> str | None:
+    """The data dir a client may insist the daemon serves: one that was named (option or
+    $CONVMEM_DATA_DIR), or any when the endpoint is the data dir's own. A bare CONVMEM_ENDPOINT to some
+    daemon elsewhere, with no data dir named, is taken as it is."""
+    from protocol.config import default_endpoint
+
+    if named or os.environ.get("CONVMEM_DATA_DIR") or endpoint == default_endpoint(data_dir):
+        return data_dir
+    return None
+
+
+def read_curve_client_keys(path: str | None) -> tuple[bytes, bytes] | None:
+    """This client's persistent CURVE key pair from a zmq.auth secret certificate (``*.key_secret`` as
+    written by ``zmq.auth.create_certificates``); None when no file is named."""
+    path = path or os.environ.get(ENV_CURVE_CLIENT_KEY_FILE)
+    if not path:
+        return None
+    import zmq.auth
+
+    public, secret = zmq.auth.load_certificate(path)
+    if secret is None or len(public) != 40 or len(secret) != 40:
+        raise ValueError("the CURVE client key file must be a secret-key certificate (public-key and secret-key, "
+                         "40 Z85 characters each; see zmq.auth.create_certificates)")
+    return public, secret
+
+
 def read_curve_server_key(path: str | None) -> bytes | None:
     """The daemon's CURVE public key (40 Z85 characters) from a file; None when no file is named."""
-    path = path or os.environ.get("CONVMEM_CURVE_SERVER_KEY_FILE")
+    path = path or os.environ.get(ENV_CURVE_SERVER_KEY_FILE)
     if not path:
         return None
     with open(path, "rb") as f:

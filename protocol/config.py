@@ -10,6 +10,17 @@ from collections.abc import Mapping
 RUN_DIR_NAME = "run"
 SOCKET_NAME = "storaged.sock"
 PID_NAME = "storaged.pid"
+# The store's identity: a random id written once at the first start, reported by ping, so a front-end
+# can tell its own daemon from one serving another data directory on the same endpoint.
+STORE_ID_NAME = "store-id"
+# The bearer token of the HTTP front-end (0600, created at its first start).
+HTTP_TOKEN_NAME = "http-token"
+# The daemon's CURVE allow-list: a directory of client public-key certificates (``*.key``).
+CURVE_CLIENTS_DIR = os.path.join("curve", "clients")
+# Environment variables naming key files (command-line options override them).
+ENV_CURVE_SERVER_KEY_FILE = "CONVMEM_CURVE_SERVER_KEY_FILE"
+ENV_CURVE_CLIENT_KEY_FILE = "CONVMEM_CURVE_CLIENT_KEY_FILE"
+ENV_HTTP_TOKEN_FILE = "CONVMEM_HTTP_TOKEN_FILE"
 
 
 def default_data_dir(env: Mapping[str, str] = os.environ) -> str:
@@ -33,3 +44,15 @@ def default_endpoint(data_dir: str, env: Mapping[str, str] = os.environ) -> str:
     if env.get("CONVMEM_ENDPOINT"):
         return env["CONVMEM_ENDPOINT"]
     return "ipc://" + os.path.join(run_dir(data_dir), SOCKET_NAME)
+
+
+def store_id_path(data_dir: str) -> str:
+    return os.path.join(os.path.abspath(data_dir), STORE_ID_NAME)
+
+
+def http_token_path(data_dir: str) -> str:
+    return os.path.join(os.path.abspath(data_dir), HTTP_TOKEN_NAME)
+
+
+def curve_clients_dir(data_dir: str) -> str:
+    return os.path.join(os.path.abspath(data_dir), CURVE_CLIENTS_DIR)

@@ -17,9 +17,9 @@ from urllib.parse import urlparse
 
 import zmq
 
-from protocol.config import default_data_dir, default_endpoint
+from protocol.config import curve_clients_dir, default_data_dir, default_endpoint
 
-from . import datadir
+from . import datadir, identity
 from .salvage import salvage
 from .server import Server, install_signal_handlers
 from .store import Store
@@ -34,6 +34,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--endpoint", help="ZeroMQ endpoint (default: $CONVMEM_ENDPOINT, else ipc:// in DATA_DIR/run)")
     p.add_argument("--curve-secret-key-file", help="Z85 CURVE secret key of the daemon; required for tcp://")
     p.add_argument("--allow-non-loopback", action="store_true", help="allow a tcp:// endpoint on a non-loopback address")
+    p.add_argument("--curve-clients-dir", metavar="DIR",
+                   help="tcp://: the allow-list, a directory of client public-key certificates (*.key, as written "
+                        "by zmq.auth.create_certificates); default DATA_DIR/curve/clients when it exists")
+    p.add_argument("--curve-allow-any", action="store_true",
+                   help="tcp://: accept any client that knows the server key (no allow-list)")
     p.add_argument("--salvage", action="store_true", help="repair a log damaged before its end, then exit")
     p.add_argument("--snapshot-every", type=int, default=None, metavar="RECORDS",
                    help="take a background snapshot after this many log records (default 50000; 0: only at "
@@ -45,6 +50,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def fail(msg: str, code: int) -> int:
     print(f"convmem-storaged: {msg}", file=sys.stderr)
     return code
+
+
+def check_curve_clients(data_dir: str, args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(error, allow-list directory). A tcp:// daemon authenticates its clients by public key unless
+    --curve-allow-any says explicitly that knowing the server key is enough."""
+    if args.curve_allow_any:
+        if args.curve_clients_dir:
+            return "give either --curve-clients-dir or --curve-allow-any, not both", None
+        LOG.warning("--curve-allow-any: any client that knows the server's public key may connect")
+        return None, None
+    path = args.curve_clients_dir or curve_clients_dir(data_dir)
+    if not os.path.isdir(path):
+        if args.curve_clients_dir:
+            return f"the CURVE clients directory {path} does not exist", None
+        return (f"a tcp:// endpoint needs an allow-list of client public keys: put their certificates (*.key, "
+                f"zmq.auth.create_certificates) in {path} or pass --curve-clients-dir, or pass "
+                f"--curve-allow-any to accept any client that knows the server key"), None
+    import zmq.auth
+
+    try:
+        keys = zmq.auth.load_certificates(path)
+    except (OSError, ValueError) as exc:
+        return f"cannot read the CURVE client certificates in {path}: {exc}", None
+    if not keys:
+        LOG.warning("the CURVE allow-list %s holds no *.key certificate: no client can connect", path)
+    LOG.info("CURVE: %d client key(s) allowed (from %s)", len(keys), path)
+    return None, path
 
 
 def check_endpoint(endpoint: str, args: argparse.Namespace) -> tuple[str | None, bytes | None]:
@@ -119,21 +151,36 @@ def run_salvage(data_dir: str) -> int:
 def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
     endpoint = args.endpoint or default_endpoint(data_dir)
     error, curve_key = check_endpoint(endpoint, args)
+    clients_dir = None
+    if not error and curve_key is not None:
+        error, clients_dir = check_curve_clients(data_dir, args)
     if error:
         return fail(error, 2)
     datadir.prepare_run_dir(data_dir)
-    server = Server(None, endpoint, curve_key)
+    try:
+        store_id = identity.load_or_create_store_id(data_dir)
+    except OSError as exc:
+        return fail(f"cannot write the store id in {data_dir}: {exc.strerror}", 2)
+    claim = identity.EndpointClaim(endpoint)
+    try:
+        claim.claim()  # a live daemon of another data dir keeps its endpoint
+    except identity.EndpointInUse as exc:
+        claim.release()
+        return fail(str(exc), 2)
+    except OSError as exc:
+        claim.release()
+        return fail(f"cannot use the endpoint {endpoint}: {exc.strerror}", 2)
+    server = Server(None, endpoint, curve_key, clients_dir)
+    server.identity = identity.identity(data_dir, store_id)
     if args.snapshot_every is not None:
         server.snapshot_every_records = max(0, args.snapshot_every)
     try:
-        if endpoint.startswith("ipc://"):
-            path = endpoint[len("ipc://"):]
-            if os.path.exists(path):
-                os.unlink(path)  # a stale socket of a dead daemon; we hold the lock, so it is not live
         server.bind()
     except zmq.ZMQError as exc:
         server.close()
+        claim.release()
         return fail(f"cannot bind {endpoint}: {exc}", 2)
+    claim.bound()
     install_signal_handlers(server)
     datadir.write_pid(data_dir)
     t0 = time.monotonic()
@@ -165,6 +212,7 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
         server.serve()
     finally:
         server.close()
+        claim.release()  # the socket file goes with a clean stop (if it is still ours)
         store = server.store
         if store is not None:
             t1 = time.monotonic()

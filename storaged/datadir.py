@@ -40,6 +40,14 @@ def held_lock_fds() -> list[int]:
     return sorted(_HELD)
 
 
+def note_held(fd: int, held: bool = True) -> None:
+    """Another lock of this process that a forked child must let go of (the endpoint's beside-lock)."""
+    if held:
+        _HELD.add(fd)
+    else:
+        _HELD.discard(fd)
+
+
 def _check_dir(path: str, what: str, st: os.stat_result) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise NotPrivate(f"{what} {path} is not a directory")

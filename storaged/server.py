@@ -70,6 +70,7 @@ REPLY_HWM = 4
 REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
 _PR_SET_PDEATHSIG = 1
+ZAP_DOMAIN = "convmem"
 
 
 class RebuildCancelled(Exception):
@@ -99,10 +100,14 @@ def _detach_snapshot_child(parent: int) -> None:
 
 
 class Server:
-    def __init__(self, store: Store | None, endpoint: str, curve_secret_key: bytes | None = None) -> None:
+    def __init__(self, store: Store | None, endpoint: str, curve_secret_key: bytes | None = None,
+                 curve_clients_dir: str | None = None) -> None:
         self.store: Store | None = None
         self.endpoint = endpoint
         self.ctx = zmq.Context.instance()
+        # What ping says about the store served (store_id, data_dir): front-ends check it.
+        self.identity: dict[str, Any] = {}
+        self.authenticator: Any = None
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, HARD_FRAME_CAP)
@@ -110,6 +115,19 @@ class Server:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.replies_dropped = 0
         if curve_secret_key is not None:
+            if curve_clients_dir is not None:
+                # ZAP: only clients whose public key has a certificate in the directory get through the
+                # handshake (the others get no connection, hence no reply). Started before the bind.
+                # libzmq 4.3.5 asks ZAP about a CURVE peer only when the socket has a ZAP domain (with an
+                # empty one every key passes, whatever the handler says), so the domain is named on both
+                # sides; ZAP_ENFORCE_DOMAIN makes a missing handler deny rather than allow everyone.
+                from zmq.auth.thread import ThreadAuthenticator
+
+                self.authenticator = ThreadAuthenticator(self.ctx, log=logging.getLogger("convmem.storaged.zap"))
+                self.authenticator.start()
+                self.authenticator.configure_curve(domain=ZAP_DOMAIN, location=curve_clients_dir)
+                self.sock.zap_domain = ZAP_DOMAIN.encode()
+                self.sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
             self.sock.curve_secretkey = curve_secret_key
             self.sock.curve_server = True
         self.wake_addr = f"inproc://convmem-rebuild-{id(self)}"
@@ -352,7 +370,7 @@ class Server:
 
     def _loading_reply(self, op: str) -> dict[str, Any]:
         if op == "ping":
-            return {"status": "OK", "pid": os.getpid(), "rebuilding": False, "loading": True}
+            return {"status": "OK", "pid": os.getpid(), "rebuilding": False, "loading": True, **self.identity}
         if op in H.HISTORY_TOOLS:
             reply = H.refresh_error().reply()
         else:
@@ -366,7 +384,8 @@ class Server:
 
     # ---------------------------------------------------------------- small ops
     def _ping(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
-        return {"status": "OK", "pid": os.getpid(), "rebuilding": self.store.rebuilding, "loading": False}
+        return {"status": "OK", "pid": os.getpid(), "rebuilding": self.store.rebuilding, "loading": False,
+                **self.identity}
 
     def _ingest_heartbeat(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
         self.store.ingest.heartbeat(args)
@@ -482,6 +501,9 @@ class Server:
         self.cancel_rebuild()
         self.sock.close(linger=0)
         self.wake_recv.close(linger=0)
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
 
 
 def split_envelope(frames: list[bytes]) -> tuple[list[bytes] | None, list[bytes]]:

@@ -86,8 +86,10 @@ class Daemon:
     """One daemon process at a time on ``data_dir``; ``start`` again after a kill restarts it."""
 
     def __init__(self, data_dir: str | os.PathLike, endpoint: str | None = None, extra_args: list[str] | None = None,
-                 log_dir: str | os.PathLike | None = None, curve_server_public: bytes | None = None) -> None:
+                 log_dir: str | os.PathLike | None = None, curve_server_public: bytes | None = None,
+                 curve_client_keys: tuple[bytes, bytes] | None = None) -> None:
         self.data_dir = str(data_dir)
+        self.curve_client_keys = curve_client_keys  # (public, secret) of an allow-listed client
         self.endpoint = endpoint or default_endpoint(self.data_dir, {})
         self.extra_args = list(extra_args or [])
         self.log_dir = Path(log_dir) if log_dir is not None else Path(self.data_dir).parent / "daemon-logs"
@@ -193,6 +195,7 @@ class Daemon:
     def client(self, **kw: Any) -> "Client":
         if self.curve_server_public is not None and "curve_server_public" not in kw:
             kw["curve_server_public"] = self.curve_server_public
+            kw.setdefault("curve_keys", self.curve_client_keys)
         return Client(self.endpoint, **kw)
 
     def run_dir(self) -> str:
@@ -207,12 +210,13 @@ class Client:
     """Synchronous REQ client with Lazy-Pirate retries (new socket, same request id)."""
 
     def __init__(self, endpoint: str, timeout_ms: int = 5000, retries: int = 3,
-                 curve_server_public: bytes | None = None, ctx: zmq.Context | None = None) -> None:
+                 curve_server_public: bytes | None = None, ctx: zmq.Context | None = None,
+                 curve_keys: tuple[bytes, bytes] | None = None) -> None:
         self.endpoint = endpoint
         self.timeout_ms = timeout_ms
         self.retries = retries
         self.curve_server_public = curve_server_public
-        self.curve_keys = zmq.curve_keypair() if curve_server_public is not None else None
+        self.curve_keys = (curve_keys or zmq.curve_keypair()) if curve_server_public is not None else None
         self.ctx = ctx or zmq.Context.instance()
         self.sock: zmq.Socket | None = None
         self.resets = 0

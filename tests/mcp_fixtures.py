@@ -125,6 +125,31 @@ def kill_daemons_of(data_dir: Path | str) -> None:
         kill_pid(pid)
 
 
+def read_http_token(data_dir: Path | str) -> str:
+    """The bearer token an HTTP front-end on ``data_dir`` created (DATA_DIR/http-token)."""
+    from protocol.config import http_token_path
+
+    return Path(http_token_path(str(data_dir))).read_text().strip()
+
+
+@contextlib.asynccontextmanager
+async def _http_transport(url: str, token: str | None) -> Any:
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else None
+    async with create_mcp_http_client(headers=headers) as http:
+        async with streamable_http_client(url, http_client=http) as streams:
+            yield streams
+
+
+def http_client(url: str, token: str | None, **kw: Any) -> Any:
+    """The SDK's MCP client over streamable HTTP, sending ``Authorization: Bearer <token>``."""
+    from mcp import Client
+
+    return Client(_http_transport(url, token), **kw)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

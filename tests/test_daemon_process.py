@@ -111,7 +111,7 @@ def test_tcp_with_curve_keys(pool, tmp_path):
     key_file.write_bytes(server_secret + b"\n")
     os.chmod(key_file, 0o600)
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    d = pool.new(endpoint=endpoint, extra_args=["--curve-secret-key-file", str(key_file)],
+    d = pool.new(endpoint=endpoint, extra_args=["--curve-secret-key-file", str(key_file), "--curve-allow-any"],
                  curve_server_public=server_public).start()
     with d.client() as c:
         m = c.write("tcp", "over CURVE")

@@ -27,9 +27,14 @@ import anyio
 import pytest
 
 from daemon_proc import pid_alive as _alive, pids_mentioning as _pids_mentioning
-from mcp_fixtures import anyio_backend, call, free_port, kill_pid  # noqa: F401  (fixture)
+from mcp_fixtures import anyio_backend, call, free_port, http_client, kill_pid, read_http_token  # noqa: F401
 
-from mcp import Client
+# The data dir supervisord's programs use (the HTTP front-end keeps its bearer token there).
+_DATA_DIRS: dict[str, Path] = {}
+
+
+def Client(url: str) -> Any:  # noqa: N802  (the SDK's client, with the HTTP front-end's token)
+    return http_client(url, read_http_token(_DATA_DIRS[url]))
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -110,14 +115,18 @@ class Supervisor:
             "CONVMEM_HTTP_PORT": str(self.port),
             "PYTHONUNBUFFERED": "1",
         })
-        env.pop("PYTHONPATH", None)  # the installed package, as in a deployment
+        # the console scripts of the installed package, as in a deployment; PYTHONPATH only makes them
+        # import this checkout's code (an editable install may point at another checkout)
+        env["PYTHONPATH"] = str(ROOT)
         self.env = env
         self.proc: subprocess.Popen | None = None
         self.seen: set[int] = set()   # every pid supervisord was seen to run for us
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
+        url = f"http://127.0.0.1:{self.port}/mcp"
+        _DATA_DIRS[url] = self.data_dir
+        return url
 
     def start(self) -> None:
         cmd = _tool("supervisord", "supervisor.supervisord") + ["-c", str(self.conf), "-n"]

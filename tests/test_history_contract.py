@@ -36,7 +36,8 @@ from ulid import ULID
 
 from admin_cli import convmem, out_json
 from daemon_proc import Daemon, DaemonPool, new_rid
-from mcp_fixtures import frontend_cmd, frontend_env, free_port, kill_pid, stdio_params, wait_port
+from mcp_fixtures import (frontend_cmd, frontend_env, free_port, http_client, kill_pid, read_http_token, stdio_params,
+                          wait_port)
 
 from protocol import history as H
 from protocol import wire
@@ -1178,7 +1179,6 @@ async def test_violation_http_file_attention_resolves_against_the_server_cwd(fa:
     established". The HTTP front-end (supervisord's mcp-http program) uses its own working directory as
     every client's launch directory: a client whose root is `other` gets the server repository's touches."""
     import mcp.types as T
-    from mcp import Client
 
     port = free_port()
     proc = fa.lab.popen(frontend_cmd(fa.d.data_dir, "--no-spawn", "--http", "--port", str(port)), cwd=str(fa.repo),
@@ -1189,7 +1189,8 @@ async def test_violation_http_file_attention_resolves_against_the_server_cwd(fa:
         return T.ListRootsResult(roots=[T.Root(uri=f"file://{fa.other}", name="client")])
 
     try:
-        async with Client(f"http://127.0.0.1:{port}/mcp", list_roots_callback=roots) as c:
+        async with http_client(f"http://127.0.0.1:{port}/mcp", read_http_token(fa.d.data_dir),
+                               list_roots_callback=roots) as c:
             r = await c.call_tool("file_attention", {"path": "src/app.py", "granularity": "events"})
     finally:
         kill_pid(proc.pid)

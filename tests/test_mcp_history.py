@@ -276,7 +276,9 @@ async def test_history_over_http(daemon: Daemon, data_dir: Path, home: Path, pro
     import_events(daemon, [ev(1, "s-http", "user_input", "検索のテスト: データベース移行"),
                            ev(2, "s-http", "assistant_response", "移行は来週です")])
     port = start_http(procs, data_dir, home)
-    async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+    from mcp_fixtures import http_client, read_http_token
+
+    async with http_client(f"http://127.0.0.1:{port}/mcp", read_http_token(data_dir)) as c:
         env = await hcall(c, "search_sessions", {"query": "データベース移行"})
         hits = env["data"]["results"]
         assert [h["event"]["type"] for h in hits] == ["user_input", "assistant_response"]   # the phrase ranks first

@@ -11,11 +11,9 @@ from typing import Any, Iterator
 import pytest
 
 from mcp_fixtures import (  # noqa: F401  (fixtures)
-    Daemon, Procs, anyio_backend, call, daemon, data_dir, free_port, frontend_cmd, frontend_env, home, procs,
-    wait_port,
+    Daemon, Procs, anyio_backend, call, daemon, data_dir, free_port, frontend_cmd, frontend_env, home, http_client,
+    procs, read_http_token, wait_port,
 )
-
-from mcp import Client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -40,12 +38,15 @@ def http_port(daemon: Daemon, data_dir: Path, home: Path, procs: Procs) -> Itera
     yield start_http(procs, data_dir, home)
 
 
-def raw_post(host: str, port: int, host_header: str, origin: str | None = None) -> tuple[int, bytes]:
+def raw_post(host: str, port: int, host_header: str, origin: str | None = None,
+             token: str | None = None) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
         body = json.dumps(INIT).encode()
         conn.putrequest("POST", "/mcp", skip_host=True, skip_accept_encoding=True)
         conn.putheader("Host", host_header)
+        if token is not None:
+            conn.putheader("Authorization", f"Bearer {token}")
         conn.putheader("Content-Type", "application/json")
         conn.putheader("Accept", "application/json, text/event-stream")
         if origin is not None:
@@ -74,8 +75,8 @@ def listening_addresses(port: int) -> set[str]:
     return out
 
 
-async def test_tools_over_http(http_port: int) -> None:
-    async with Client(f"http://127.0.0.1:{http_port}/mcp") as c:
+async def test_tools_over_http(http_port: int, data_dir: Path) -> None:
+    async with http_client(f"http://127.0.0.1:{http_port}/mcp", read_http_token(data_dir)) as c:
         names = [t.name for t in (await c.list_tools()).tools]
         assert "write_message" in names and "search_sessions" in names and len(names) == 12
         w = await call(c, "write_message", {"session_id": "web", "role": "user",
@@ -96,18 +97,20 @@ async def test_tools_over_http(http_port: int) -> None:
         assert (await call(c, "delete_message", {"message_id": mid})) == {"status": "OK"}
 
 
-async def test_legacy_mode_over_http(http_port: int) -> None:
-    async with Client(f"http://127.0.0.1:{http_port}/mcp", mode="legacy") as c:
+async def test_legacy_mode_over_http(http_port: int, data_dir: Path) -> None:
+    async with http_client(f"http://127.0.0.1:{http_port}/mcp", read_http_token(data_dir), mode="legacy") as c:
         assert (await call(c, "get_system_health"))["status"] == "OK"
 
 
-def test_binds_loopback_and_rejects_foreign_host(http_port: int) -> None:
+def test_binds_loopback_and_rejects_foreign_host(http_port: int, data_dir: Path) -> None:
     assert listening_addresses(http_port) == {"0100007F"}  # 127.0.0.1 only
-    status, _ = raw_post("127.0.0.1", http_port, f"evil.example:{http_port}")
+    token = read_http_token(data_dir)
+    status, _ = raw_post("127.0.0.1", http_port, f"evil.example:{http_port}", token=token)
     assert status == 421
-    status, _ = raw_post("127.0.0.1", http_port, f"127.0.0.1:{http_port}", origin="http://evil.example")
+    status, _ = raw_post("127.0.0.1", http_port, f"127.0.0.1:{http_port}", origin="http://evil.example", token=token)
     assert status == 403
-    status, body = raw_post("127.0.0.1", http_port, f"localhost:{http_port}", origin=f"http://localhost:{http_port}")
+    status, body = raw_post("127.0.0.1", http_port, f"localhost:{http_port}", origin=f"http://localhost:{http_port}",
+                            token=token)
     assert status == 200, body
 
 
@@ -115,16 +118,17 @@ def test_other_bind_address_keeps_host_checks(daemon: Daemon, data_dir: Path, ho
     """Bound to an address the SDK does not protect by itself (127.0.0.2): foreign Hosts are still refused."""
     port = start_http(procs, data_dir, home, "127.0.0.2")
     assert listening_addresses(port) == {"0200007F"}
-    assert raw_post("127.0.0.2", port, f"evil.example:{port}")[0] == 421
-    assert raw_post("127.0.0.2", port, f"127.0.0.2:{port}", origin="http://evil.example")[0] == 403
-    status, body = raw_post("127.0.0.2", port, f"127.0.0.2:{port}")
+    token = read_http_token(data_dir)
+    assert raw_post("127.0.0.2", port, f"evil.example:{port}", token=token)[0] == 421
+    assert raw_post("127.0.0.2", port, f"127.0.0.2:{port}", origin="http://evil.example", token=token)[0] == 403
+    status, body = raw_post("127.0.0.2", port, f"127.0.0.2:{port}", token=token)
     assert status == 200, body
 
 
 def test_nothing_on_stdout_in_http_mode(daemon: Daemon, data_dir: Path, home: Path, procs: Procs) -> None:
     """uvicorn and the SDK log to stderr only (stdout stays clean even here)."""
     port = start_http(procs, data_dir, home, "127.0.0.1", "--log-level", "DEBUG")
-    assert raw_post("127.0.0.1", port, f"127.0.0.1:{port}")[0] == 200
+    assert raw_post("127.0.0.1", port, f"127.0.0.1:{port}", token=read_http_token(data_dir))[0] == 200
     proc = procs.procs[-1]
     proc.kill()
     out, _ = proc.communicate(timeout=10)
