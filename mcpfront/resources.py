@@ -102,6 +102,10 @@ def _when(ms: Any) -> str:
         return "?"
 
 
+def _count(n: Any, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _one_line(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -113,7 +117,7 @@ async def list_resources(call: Call) -> types.ListResourcesResult:
         sid = s["session_id"]
         count = s.get("message_count")
         summary = s.get("representative_summary")
-        desc = f"{count} messages, {_when(s.get('started_at'))} to {_when(s.get('last_message_at'))}"
+        desc = f"{_count(count, 'message')}, {_when(s.get('started_at'))} to {_when(s.get('last_message_at'))}"
         if isinstance(summary, str) and summary.strip():
             desc += ": " + _one_line(summary, SUMMARY_CHARS)
         out.append(types.Resource(uri=uri_for(sid), name=sid, title=f"convmem session {_one_line(sid, 80)}",
@@ -175,7 +179,7 @@ async def read_session(call: Call, uri: str, budget: int = TEXT_BUDGET_BYTES) ->
             break
     if shown == 0:
         raise ResourceError(types.INVALID_PARAMS, "No session with this session_id")
-    parts.append(f"_{shown} messages, complete._\n")
+    parts.append(f"_{_count(shown, 'message')}, complete._\n")
     return _result(uri, parts)
 
 
@@ -196,7 +200,8 @@ def _cut_note(session_id: str, m: dict[str, Any], head: str, body: str, room: in
     else:
         cont = ""
     where = f" cursor={page_cursor}" if page_cursor else ""
-    return (out + f"> **Cut here**: this resource is bounded to {budget} bytes; {shown} messages shown.{cont} "
+    shown_text = _count(shown, "message")
+    return (out + f"> **Cut here**: this resource is bounded to {budget} bytes; {shown_text} shown.{cont} "
             f"The rest of the session: read_messages view=history session_id={json.dumps(session_id)} "
             f"limit={PAGE}{where}, skipping the first {index} messages of that page.\n")
 

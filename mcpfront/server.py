@@ -6,6 +6,9 @@ for the memory tools the contract's JSON as text and as structuredContent (isErr
 ERROR); for the history tools the interface's envelope as structuredContent with a short text
 summary — and makes sure every failure of its own also comes back in its family's error shape.
 For file_attention it adds what only a process on the client's side knows: where it was launched.
+Resources (past sessions), prompts and completion are in ``resources`` and ``prompts``; this module
+registers them and turns their failures into JSON-RPC errors. rebuild_index reports MCP progress while it
+waits for the daemon and stops waiting when the caller cancels.
 """
 from __future__ import annotations
 
@@ -145,7 +148,11 @@ class Backend:
             while reply.get("status") == REBUILDING:
                 now = time.monotonic()
                 if progress is not None and now - last >= PROGRESS_EVERY_S:
-                    await progress(float(sent), None, f"rebuild_index running ({now - t0:.1f} s)")
+                    try:
+                        await progress(float(sent), None, f"rebuild_index running ({now - t0:.1f} s)")
+                    except Exception:  # a transport that cannot carry it: the rebuild's answer still counts
+                        log.debug("could not send a progress notification", exc_info=True)
+                        progress = None
                     sent += 1
                     last = now
                 if now > deadline:

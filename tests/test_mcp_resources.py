@@ -93,7 +93,7 @@ async def test_capabilities_and_resources(small: Daemon, data_dir: Path, home: P
         assert "## user" in body and "## assistant" in body and "3 messages, complete" in body
 
         odd = (await c.read_resource(listed[0].uri)).contents[0].text
-        assert "一行だけ" in odd and "1 messages, complete" in odd
+        assert "一行だけ" in odd and "1 message, complete" in odd
 
 
 async def test_resource_errors_are_jsonrpc_errors_without_echo(small: Daemon, data_dir: Path, home: Path) -> None:
