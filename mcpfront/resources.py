@@ -203,7 +203,8 @@ def _cut_note(session_id: str, m: dict[str, Any], head: str, body: str, room: in
     shown_text = _count(shown, "message")
     return (out + f"> **Cut here**: this resource is bounded to {budget} bytes; {shown_text} shown.{cont} "
             f"The rest of the session: read_messages view=history session_id={json.dumps(session_id)} "
-            f"limit={PAGE}{where}, skipping the first {index} messages of that page.\n")
+            f"limit={PAGE}{where}" + (f", skipping the first {index} messages of that page" if index else "")
+            + ".\n")
 
 
 def _result(uri: str, parts: list[str]) -> types.ReadResourceResult:

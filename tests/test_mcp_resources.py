@@ -126,7 +126,7 @@ async def test_resource_read_is_bounded_and_says_how_to_read_on(daemon: Daemon, 
         assert len(text.encode()) <= L.RESPONSE_BUDGET_BYTES
         assert "**Cut here**" in text and "complete._" not in text
         note = text[text.index("> **Cut here**"):]
-        assert "read_messages view=history" in note and 'session_id="huge"' in note and "cursor=" in note
+        assert "read_messages view=history" in note and 'session_id="huge"' in note
         mid = note.split("message_id=")[1].split()[0]
         offset = int(note.split("content_offset=")[1].split()[0])
         tail = result_obj(await c.call_tool("read_messages", {"view": "content", "message_id": mid,
