@@ -6,17 +6,21 @@ for the memory tools the contract's JSON as text and as structuredContent (isErr
 ERROR); for the history tools the interface's envelope as structuredContent with a short text
 summary — and makes sure every failure of its own also comes back in its family's error shape.
 For file_attention it adds what only a process on the client's side knows: where it was launched.
+Resources (past sessions), prompts and completion are in ``resources`` and ``prompts``; this module
+registers them and turns their failures into JSON-RPC errors. rebuild_index reports MCP progress while it
+waits for the daemon and stops waiting when the caller cancels.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import os
 import time
 import warnings
 from urllib.parse import unquote, urlparse
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import mcp_types as types
 from mcp.server import Server
@@ -32,6 +36,8 @@ from protocol.wire import HISTORY_TOOLS, REBUILDING
 
 from . import __version__
 from . import history_tools as HT
+from . import prompts as P
+from . import resources as R
 from .client import DaemonClient, is_unavailable, new_request_id
 from .spawn import Spawner
 from .tools import FAMILIES, FAMILY_DEFAULT, INPUT_SCHEMAS, tool_list
@@ -41,6 +47,7 @@ log = logging.getLogger(__name__)
 REBUILD_POLL_S = 0.05
 ROOTS_TIMEOUT_S = 2.0
 REBUILD_MAX_S = 30 * 60.0
+PROGRESS_EVERY_S = 0.25  # at most this often a progress notification while a rebuild runs
 INTERNAL_MESSAGE = "internal error in the MCP front-end"
 
 INSTRUCTIONS = {
@@ -63,6 +70,13 @@ INSTRUCTIONS["all"] = (
     "and recall what was explicitly remembered, with the memory tools; find what happened in past agent sessions "
     "(what was asked, decided, run, printed, which files were touched) with the history tools, which return "
     "pointers instead of whole messages.")
+
+
+# How the running tools/call reports progress (``ctx.session.report_progress``: a no-op unless the caller
+# sent a progressToken). A context variable rather than an argument of ``Backend.call``: each request runs
+# in its own task, and only the long operations deep inside ``call`` need it.
+Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+PROGRESS: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("convmem_progress", default=None)
 
 
 class Backend:
@@ -116,24 +130,49 @@ class Backend:
             return None
 
     async def _rebuild(self, arguments: dict[str, Any], rid: str, known: frozenset[str]) -> dict[str, Any]:
-        """rebuild_index answers REBUILDING at once; poll rebuild_status until the final figures."""
-        deadline = time.monotonic() + self.rebuild_max_s
-        reply = await self.client.request("rebuild_index", arguments, rid, known=known)
-        while reply.get("status") == REBUILDING:
-            if time.monotonic() > deadline:
-                return E.error_reply(E.BUSY, "rebuild_index is still running; see get_system_health",
-                                     L.BUSY_RETRY_AFTER_MS)
-            rebuild_id = reply.get("rebuild_id")
-            if not isinstance(rebuild_id, str):
-                rebuild_id = rid
-            await asyncio.sleep(REBUILD_POLL_S)
-            status = await self.client.request("rebuild_status", {"rebuild_id": rebuild_id})
-            if _is_not_found(status):
-                # The daemon restarted and forgot the rebuild: ask again under the same request id,
-                # which either starts it again or answers with the result it recorded.
-                reply = await self.client.request("rebuild_index", arguments, rid, known=known)
-            else:
-                reply = status
+        """rebuild_index answers REBUILDING at once; poll rebuild_status until the final figures.
+
+        While it waits it reports MCP progress (when the caller asked for it with a progressToken): one
+        notification as soon as the daemon has started, then one every ``PROGRESS_EVERY_S`` — the daemon
+        reports no fraction, so ``progress`` counts the reports and the message carries the elapsed time.
+        A cancelled call (notifications/cancelled) stops polling at once and answers nothing; the daemon
+        finishes the rebuild on its own (it has no way to stop one for a client), so its result stays
+        known under the request id and get_system_health shows ``rebuilding`` until then."""
+        progress = PROGRESS.get()
+        t0 = time.monotonic()
+        deadline = t0 + self.rebuild_max_s
+        sent = 0
+        last = -PROGRESS_EVERY_S
+        try:
+            reply = await self.client.request("rebuild_index", arguments, rid, known=known)
+            while reply.get("status") == REBUILDING:
+                now = time.monotonic()
+                if progress is not None and now - last >= PROGRESS_EVERY_S:
+                    try:
+                        await progress(float(sent), None, f"rebuild_index running ({now - t0:.1f} s)")
+                    except Exception:  # a transport that cannot carry it: the rebuild's answer still counts
+                        log.debug("could not send a progress notification", exc_info=True)
+                        progress = None
+                    sent += 1
+                    last = now
+                if now > deadline:
+                    return E.error_reply(E.BUSY, "rebuild_index is still running; see get_system_health",
+                                         L.BUSY_RETRY_AFTER_MS)
+                rebuild_id = reply.get("rebuild_id")
+                if not isinstance(rebuild_id, str):
+                    rebuild_id = rid
+                await asyncio.sleep(REBUILD_POLL_S)
+                status = await self.client.request("rebuild_status", {"rebuild_id": rebuild_id})
+                if _is_not_found(status):
+                    # The daemon restarted and forgot the rebuild: ask again under the same request id,
+                    # which either starts it again or answers with the result it recorded.
+                    reply = await self.client.request("rebuild_index", arguments, rid, known=known)
+                else:
+                    reply = status
+        except asyncio.CancelledError:
+            log.info("rebuild_index %s: the client cancelled the call; stopped waiting (the daemon finishes "
+                     "the rebuild on its own)", rid)
+            raise
         return reply
 
 
@@ -213,6 +252,7 @@ def build_server(backend: Backend, family: str = FAMILY_DEFAULT, local_launch_di
                                    message="Unknown tool; tools/list gives the available tools")
         try:
             launch = await client_launch_dir(ctx, local_launch_dir) if name in H.LAUNCH_CONTEXT_TOOLS else None
+            PROGRESS.set(ctx.session.report_progress)  # this request's task only
             reply = await backend.call(name, params.arguments or {}, launch)
         except asyncio.CancelledError:
             raise
@@ -223,6 +263,61 @@ def build_server(backend: Backend, family: str = FAMILY_DEFAULT, local_launch_di
                 reply = HT.envelope(name, params.arguments, reply, 0.0)
         return to_result(reply, name)
 
+    prompt_specs = P.prompts_for(names)
+
+    async def read_daemon(op: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return await backend.call(op, arguments)
+
+    async def guarded(what: str, work: Callable[[], Awaitable[Any]]) -> Any:
+        """A resource/prompt/completion failure as a JSON-RPC error with a clear message: ours as they
+        are (they name the field and the constraint), anything unexpected as a generic one (logged, never
+        a traceback or the input on the wire)."""
+        try:
+            return await work()
+        except asyncio.CancelledError:
+            raise
+        except (R.ResourceError, P.PromptError) as exc:
+            return types.ErrorData(code=exc.code, message=exc.message)
+        except Exception:
+            log.exception("%s failed in the front-end", what)
+            return types.ErrorData(code=types.INTERNAL_ERROR, message=INTERNAL_MESSAGE)
+
+    async def list_resources(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+                             ) -> types.ListResourcesResult | types.ErrorData:
+        return await guarded("resources/list", lambda: R.list_resources(read_daemon))
+
+    async def list_resource_templates(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+                                      ) -> types.ListResourceTemplatesResult:
+        return R.list_templates()
+
+    async def read_resource(ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+                            ) -> types.ReadResourceResult | types.ErrorData:
+        return await guarded("resources/read", lambda: R.read_session(read_daemon, str(params.uri)))
+
+    async def list_prompts(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+                           ) -> types.ListPromptsResult:
+        return P.list_prompts(prompt_specs)
+
+    async def get_prompt(ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+                         ) -> types.GetPromptResult | types.ErrorData:
+        async def work() -> types.GetPromptResult:
+            return P.get_prompt(prompt_specs, params.name, params.arguments)
+        return await guarded("prompts/get", work)
+
+    async def complete(ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+                       ) -> types.CompleteResult | types.ErrorData:
+        ref, arg = params.ref, params.argument
+        if isinstance(ref, types.ResourceTemplateReference):
+            wanted = ref.uri == R.TEMPLATE and arg.name == "session_id"
+        else:
+            wanted = P.completes_session_id(prompt_specs, ref.name, arg.name)
+        if not wanted:
+            return types.CompleteResult(completion=types.Completion(values=[], total=0, has_more=False))
+
+        async def work() -> types.CompleteResult:
+            return types.CompleteResult(completion=await R.complete_session_id(read_daemon, arg.value))
+        return await guarded("completion/complete", work)
+
     return Server(
         "convmem",
         version=__version__,
@@ -230,4 +325,10 @@ def build_server(backend: Backend, family: str = FAMILY_DEFAULT, local_launch_di
         instructions=INSTRUCTIONS[family],
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_resource_templates,
+        on_read_resource=read_resource,
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
+        on_completion=complete,
     )
