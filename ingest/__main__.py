@@ -65,7 +65,9 @@ async def run(args: argparse.Namespace) -> int:
 
     async def request(op: str, a: dict) -> dict:
         if spawner is not None:
-            await spawner.ensure()
+            failed = await spawner.ensure_or_error()
+            if failed is not None:
+                return failed
         return await client.request(op, a)
 
     harnesses = tuple(args.harness) if args.harness else HARNESSES

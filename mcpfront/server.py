@@ -92,8 +92,14 @@ class Backend:
         """The tool's result: the memory contract's reply, or a history envelope. ``launch_dir`` is where
         the client runs (file_attention resolves paths and the project from it)."""
         t0 = time.perf_counter()
-        if self.spawner is not None:
-            await self.spawner.ensure()
+        reply = await self.spawner.ensure_or_error() if self.spawner is not None else None
+        if reply is None:
+            reply = await self._dispatch(name, arguments, launch_dir)
+        if name in HISTORY_TOOLS:
+            return HT.envelope(name, arguments, reply, (time.perf_counter() - t0) * 1000)
+        return reply
+
+    async def _dispatch(self, name: str, arguments: dict[str, Any], launch_dir: str | None) -> dict[str, Any]:
         known = frozenset(INPUT_SCHEMAS[name]["properties"])
         try:
             arguments, host_rid = take_request_id(name, arguments)
@@ -112,8 +118,6 @@ class Backend:
             reply = await self.client.request(name, arguments, rid, known=known, watch=watch)
         if self.spawner is not None and is_unavailable(reply):
             self.spawner.invalidate()
-        if name in HISTORY_TOOLS:
-            return HT.envelope(name, arguments, reply, (time.perf_counter() - t0) * 1000)
         return reply
 
     @staticmethod

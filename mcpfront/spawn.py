@@ -12,7 +12,9 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
+from protocol import errors as E
 from protocol.config import pid_path
 
 from .client import DaemonClient, ipc_path
@@ -24,6 +26,48 @@ PING_INTERVAL_S = 0.05
 LOG_NAME = "storaged.log"
 # The daemon's exit status when another daemon already holds the data dir's lock.
 EXIT_LOCKED = 3
+# After a daemon could not start, calls in the next seconds get that failure at once (no new attempt).
+FAILURE_HOLD_S = 2.0
+OUTPUT_MAX = 64 * 1024
+# The prefix of the daemon's one-line start-up failures (storaged.__main__.fail).
+FAIL_PREFIX = "convmem-storaged: "
+
+
+class _Output:
+    """What a starting daemon writes to stderr, read without blocking and kept bounded."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+        self.buf = bytearray()
+        if pipe is not None:
+            os.set_blocking(pipe.fileno(), False)
+
+    def drain(self) -> None:
+        while self.pipe is not None:
+            try:
+                chunk = os.read(self.pipe.fileno(), 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.close()
+                return
+            self.buf += chunk
+            del self.buf[:-OUTPUT_MAX]
+
+    def cause(self) -> str | None:
+        """The daemon's own one-line reason (without a traceback, without its prefix)."""
+        lines = [ln.strip() for ln in self.buf.decode("utf-8", "replace").splitlines() if ln.strip()]
+        for line in reversed(lines):
+            if line.startswith(FAIL_PREFIX):
+                return line[len(FAIL_PREFIX):]
+        return None
+
+    def close(self) -> None:
+        if self.pipe is not None:
+            self.pipe.close()
+            self.pipe = None
 
 
 def daemon_command() -> list[str]:
@@ -45,6 +89,10 @@ class Spawner:
         self._lock = asyncio.Lock()
         self._ok = False
         self._children: list[subprocess.Popen[bytes]] = []
+        # Why the daemon could not be started (its own one-line message), and when: the tool calls of
+        # the next moments get it at once as a non-retryable error instead of each trying again.
+        self.failure: str | None = None
+        self._failed_at = 0.0
 
     def invalidate(self) -> None:
         """The daemon stopped answering: check (and maybe spawn) again before the next request."""
@@ -55,39 +103,63 @@ class Spawner:
         return self._ok and (path is None or os.path.exists(path))
 
     async def ensure(self) -> bool:
-        """Make sure a daemon answers; start one if none does. Never raises; True if one answered."""
+        """Make sure a daemon answers; start one if none does. Never raises; True if one answered. When
+        False, ``failure`` says why if the daemon said (it could not start at all)."""
         if self._looks_up():
             return True
         async with self._lock:
             if self._looks_up():
                 return True
+            if self.failure is not None and time.monotonic() - self._failed_at < FAILURE_HOLD_S:
+                return False
+            self.failure = None
             try:
                 self._ok = await self._ensure()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("could not start the storage daemon")
+            except Exception as exc:
+                log.error("could not start the storage daemon: %s", exc)
                 self._ok = False
             return self._ok
+
+    async def ensure_or_error(self) -> dict[str, Any] | None:
+        """``ensure``, and when the daemon cannot start at all, the error to answer instead of a request:
+        not BUSY (no retry helps) but IO_ERROR, in the daemon's own words."""
+        if await self.ensure() or self.failure is None:
+            return None
+        return E.error_reply(E.IO_ERROR, f"the storage daemon cannot start: {self.failure}")
+
+    def _failed(self, why: str) -> bool:
+        self.failure, self._failed_at = why, time.monotonic()
+        log.error("the storage daemon cannot start: %s", why)
+        return False
 
     async def _ensure(self) -> bool:
         self._reap()
         state = await self.client.probe()
         if state == "ready":
             return True
-        proc = self._spawn() if state == "down" else None  # a loading daemon is ours to wait for
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if await self.client.ping():
-                return True
-            code = proc.poll() if proc is not None else None
-            if code is not None and code != EXIT_LOCKED:
-                log.error("the storage daemon exited with status %s; see %s", code,
-                          os.path.join(self.data_dir, LOG_NAME))
-                return False
-            await asyncio.sleep(PING_INTERVAL_S)
-        log.error("the storage daemon did not become ready within %.0fs", self.ready_timeout)
-        return False
+        try:
+            proc = self._spawn() if state == "down" else None  # a loading daemon is ours to wait for
+        except OSError as exc:
+            return self._failed(f"cannot run {daemon_command()[0]}: {exc.strerror or exc}")
+        output = _Output(proc.stderr if proc is not None else None)
+        try:
+            deadline = time.monotonic() + self.ready_timeout
+            while time.monotonic() < deadline:
+                if await self.client.ping():
+                    return True
+                output.drain()
+                code = proc.poll() if proc is not None else None
+                if code is not None and code != EXIT_LOCKED:
+                    output.drain()
+                    return self._failed(output.cause() or f"it exited with status {code}; see "
+                                        f"{os.path.join(self.data_dir, LOG_NAME)}")
+                await asyncio.sleep(PING_INTERVAL_S)
+            log.error("the storage daemon did not become ready within %.0fs", self.ready_timeout)
+            return False
+        finally:
+            output.close()
 
     async def revive_if_gone(self) -> bool:
         """The client's watch while a reply is awaited: if the daemon is known to be dead, start another
@@ -125,12 +197,15 @@ class Spawner:
             return False
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
-        cmd = [*daemon_command(), "--data-dir", self.data_dir, "--endpoint", self.endpoint]
-        fd = os.open(os.path.join(self.data_dir, LOG_NAME), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "ab") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                    start_new_session=True, close_fds=True)
+        """Start a daemon, detached. Its start-up goes through a pipe to us, so that a daemon that cannot
+        start (a data directory that is a file, unwritable, mistyped) tells us why in its own words; once
+        ready it appends its log to DATA_DIR/storaged.log."""
+        cmd = [*daemon_command(), "--data-dir", self.data_dir, "--endpoint", self.endpoint,
+               "--log-file", os.path.join(self.data_dir, LOG_NAME)]
+        if not os.path.isdir(self.data_dir):
+            log.warning("no store in %s yet: the storage daemon creates one", self.data_dir)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True, close_fds=True)
         log.info("started storage daemon pid %d for %s", proc.pid, self.data_dir)
         self._children.append(proc)
         return proc

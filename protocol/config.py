@@ -26,6 +26,12 @@ ENV_HTTP_TOKEN_FILE = "CONVMEM_HTTP_TOKEN_FILE"
 def default_data_dir(env: Mapping[str, str] = os.environ) -> str:
     if env.get("CONVMEM_DATA_DIR"):
         return os.path.abspath(env["CONVMEM_DATA_DIR"])
+    return standard_data_dir(env)
+
+
+def standard_data_dir(env: Mapping[str, str] = os.environ) -> str:
+    """The XDG location. The only data directory whose missing parents are created: anywhere else a
+    missing parent is far more likely a typo than a wish for a new, empty store."""
     base = env.get("XDG_DATA_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".local", "share")
     return os.path.abspath(os.path.join(base, "convmem"))
 

@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="take a background snapshot after this many log records (default 50000; 0: only at "
                         "clean stops and rebuilds)")
     p.add_argument("--log-level", default=os.environ.get("CONVMEM_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-file", metavar="PATH",
+                   help="once the store is open, append the log to PATH instead of stderr (what a front-end that "
+                        "starts the daemon uses: a start-up failure still goes to stderr, where it reads it)")
     return p.parse_args(argv)
 
 
@@ -118,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = os.path.abspath(args.data_dir or default_data_dir())
     os.umask(0o077)  # whatever the daemon creates (files, dirs, the ipc socket) is this user's alone
     try:
+        if datadir.create_data_dir(data_dir):
+            LOG.warning("created a new, empty store in %s", data_dir)
         datadir.check_private(data_dir)
+    except datadir.DataDirMissing as exc:
+        return fail(str(exc), 2)
     except datadir.NotPrivate as exc:
         return fail(f"refusing the data directory: {exc}", 2)
     except OSError as exc:
@@ -136,6 +143,18 @@ def main(argv: list[str] | None = None) -> int:
         return run_daemon(data_dir, args)
     finally:
         lock.release()
+
+
+def switch_log(path: str) -> None:
+    """From now on stderr (and so the log) goes to ``path``: the front-end that started this daemon read
+    its start-up through a pipe and stops reading once the daemon is ready."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        LOG.warning("cannot open the log file %s (%s); logging to stderr", path, exc.strerror)
+        return
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def run_salvage(data_dir: str) -> int:
@@ -195,7 +214,10 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
                  h["active_messages"], h["session_count"], h["log_size"], store.scan_result.records,
                  h["snapshot_valid"], h["recovered_tail"],
                  f", DEGRADED: {h['last_error']}" if h["last_error"] else "")
-        LOG.info("ready on %s", endpoint)
+        LOG.info("ready on %s; MCP hosts reach it through `convmem-mcp --data-dir %s`, `convmem status` "
+                 "shows it, Ctrl-C or `convmem stop --data-dir %s` stops it", endpoint, data_dir, data_dir)
+        if args.log_file:
+            switch_log(args.log_file)
 
     server.on_loaded = loaded
     LOG.info("listening on %s; opening the store (requests are answered 'loading' until it is open)", endpoint)

@@ -17,7 +17,7 @@ import fcntl
 import os
 import stat
 
-from protocol.config import pid_path, run_dir
+from protocol.config import pid_path, run_dir, standard_data_dir
 
 from .fileio import create_private
 
@@ -78,13 +78,35 @@ def check_private(data_dir: str) -> None:
     _check_dir(path, "the run directory", st)
 
 
+class DataDirMissing(Exception):
+    """The data directory does not exist and may not be created here."""
+
+
+def create_data_dir(data_dir: str) -> bool:
+    """Create the data directory (0700) if it does not exist; True if it was created. Only its last
+    component is created — except at the standard location, whose parents a fresh account may lack —
+    so that a mistyped --data-dir is refused instead of silently becoming a new, empty store."""
+    if os.path.lexists(data_dir):
+        return False
+    parent = os.path.dirname(data_dir)
+    if not os.path.isdir(parent):
+        if os.path.abspath(data_dir) != standard_data_dir():
+            raise DataDirMissing(f"the data directory {data_dir} does not exist, nor does its parent {parent}; "
+                                 f"check --data-dir (or $CONVMEM_DATA_DIR), or create the parent first")
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(data_dir, 0o700)
+    except FileExistsError:  # another daemon (or a front-end) made it meanwhile
+        return False
+    return True
+
+
 class DataDirLock:
     def __init__(self, data_dir: str) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.data_dir, LOCK_NAME)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
