@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -19,6 +20,7 @@ from .auth import BearerTokenMiddleware, TokenFileError, is_loopback_host, load_
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8765
+EXIT_CANNOT_LISTEN = 4
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -28,7 +30,10 @@ log = logging.getLogger("mcpfront")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from .client import DEFAULT_TIMEOUT_S
 
-    p = argparse.ArgumentParser(prog="convmem-mcp", description="convmem MCP server (stdio by default).")
+    p = argparse.ArgumentParser(prog="convmem-mcp", description="convmem MCP server (stdio by default).",
+                                epilog=f"exit status: 0 stopped cleanly, 2 bad command line or configuration, "
+                                       f"{EXIT_CANNOT_LISTEN} cannot listen (--http: address in use or not "
+                                       f"allowed), 130 interrupted")
     p.add_argument("--data-dir", help="data directory (default: $CONVMEM_DATA_DIR, else $XDG_DATA_HOME/convmem)")
     p.add_argument("--endpoint", help="daemon endpoint (default: $CONVMEM_ENDPOINT, else an ipc:// socket in "
                                       "the data dir's run/ directory)")
@@ -123,7 +128,7 @@ def transport_security(host: str, extra: list[str]) -> Any:
     )
 
 
-async def _run(args: argparse.Namespace, token: str | None = None) -> None:
+async def _run(args: argparse.Namespace, token: str | None = None, listener: Any = None) -> None:
     import anyio
 
     from .client import DaemonClient, identity_data_dir
@@ -144,7 +149,7 @@ async def _run(args: argparse.Namespace, token: str | None = None) -> None:
                 # In the background: initialize and tools/list must not wait for a daemon.
                 tg.start_soon(spawner.ensure)
             if args.http:
-                await _serve_http(server, args, token)
+                await _serve_http(server, args, token, listener)
             else:
                 from mcp.server.stdio import stdio_server
 
@@ -159,7 +164,36 @@ async def _run(args: argparse.Namespace, token: str | None = None) -> None:
         client.close()
 
 
-async def _serve_http(server: Any, args: argparse.Namespace, token: str | None) -> None:
+_uvicorn_serving = False
+
+
+def _on_sigterm(*_: Any) -> None:
+    """SIGTERM with --http. Once uvicorn serves it handles SIGTERM itself (a graceful shutdown), then
+    restores this handler and raises the signal again: ignored then, so the process ends normally, exit
+    0, as supervisord expects of a clean stop. Before that (the port already listens while the process
+    starts) it is a stop at once, also exit 0."""
+    if not _uvicorn_serving:
+        raise SystemExit(0)
+
+
+def http_listener(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything else starts: an address in use is then one clear line
+    and exit status EXIT_CANNOT_LISTEN, not uvicorn's exit from inside a task group."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _serve_http(server: Any, args: argparse.Namespace, token: str | None, listener: Any = None) -> None:
     import uvicorn
 
     if args.host in _WILDCARD_HOSTS:
@@ -173,7 +207,9 @@ async def _serve_http(server: Any, args: argparse.Namespace, token: str | None) 
     ), token)
     cfg = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, access_log=False,
                          server_header=False, lifespan="on")
-    await uvicorn.Server(cfg).serve()
+    global _uvicorn_serving
+    _uvicorn_serving = True  # uvicorn's own SIGTERM handler goes in before serve() first yields
+    await uvicorn.Server(cfg).serve(sockets=[listener] if listener is not None else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,12 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     import anyio
 
     if args.http:
-        # uvicorn shuts down gracefully on SIGTERM, then restores the previous handler and raises the
-        # signal again; with this (no-op) handler in place the process then ends normally, exit 0,
-        # as supervisord expects of a clean stop.
-        signal.signal(signal.SIGTERM, lambda *_: None)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    listener = None
+    if args.http:
+        try:
+            listener = http_listener(args.host, args.port)
+        except OSError as exc:
+            print(f"convmem-mcp: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (another server "
+                  f"there? choose another with --port)", file=sys.stderr)
+            return EXIT_CANNOT_LISTEN
+        host = _bracket(args.host) if args.host not in _WILDCARD_HOSTS else "127.0.0.1"
+        print(f"convmem-mcp: serving MCP (streamable HTTP) at http://{host}:{args.port}/mcp"
+              f"{'' if token is None else ' (bearer token required)'}; Ctrl-C stops it", file=sys.stderr)
     try:
-        anyio.run(_run, args, token, backend="asyncio")
+        anyio.run(_run, args, token, listener, backend="asyncio")
     except KeyboardInterrupt:
         return 130
     return 0

@@ -143,3 +143,23 @@ def test_sigterm_is_a_clean_stop(procs: Procs, data_dir: Path, home: Path) -> No
     wait_port("127.0.0.1", port, proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
+
+
+@pytest.mark.timeout(60)
+def test_address_in_use_is_one_line_and_its_own_exit_status(procs: Procs, data_dir: Path, home: Path) -> None:
+    """--http on a port another server holds: one line naming the address and what to do, exit 4 — no
+    traceback, no exception group. A front-end that listens says where on stderr."""
+    port = free_port()
+    first = procs.start(frontend_cmd(data_dir, "--http", "--no-spawn", "--port", str(port)), frontend_env(home),
+                        stderr=subprocess.PIPE)
+    wait_port("127.0.0.1", port, first)
+    second = procs.start(frontend_cmd(data_dir, "--http", "--no-spawn", "--port", str(port)), frontend_env(home),
+                         stderr=subprocess.PIPE)
+    _, err = second.communicate(timeout=30)
+    assert second.returncode == 4, err
+    lines = err.decode().strip().splitlines()
+    assert lines[-1].startswith("convmem-mcp: cannot listen on 127.0.0.1:") and "--port" in lines[-1], err
+    assert b"Traceback" not in err and b"ExceptionGroup" not in err
+    first.send_signal(signal.SIGTERM)
+    _, err1 = first.communicate(timeout=20)
+    assert f"serving MCP (streamable HTTP) at http://127.0.0.1:{port}/mcp".encode() in err1, err1
