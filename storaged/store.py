@@ -188,6 +188,15 @@ class Store:
         if salvage:
             return
         self.writer = logfile.LogWriter(self.io, self.log_path, salt, end)
+        # What was just replayed may be only in the page cache: a daemon that exited after a failed shared
+        # fdatasync (EXIT_FSYNC_FAILED) left its batch there unsynced, and its clients' retries are about
+        # to be answered "already applied" from it. Make it durable before anything is acknowledged.
+        try:
+            self.writer.sync()
+        except OSError as exc:
+            self.broken = self.last_error = (f"the log could not be flushed at start ({exc.strerror or exc}); "
+                                             f"writes are refused until a restart succeeds")
+            LOG.error("%s", self.last_error)
 
     def _load_snapshot(self, salt: bytes, log_size: int) -> int:
         try:

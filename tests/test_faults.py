@@ -246,3 +246,28 @@ def test_rebuild_forgets_expired_request_ids(tmp_path):
             again = c.call("write_message", {"session_id": "new", "role": "user", "content": "fresh"}, rid=r)
             assert again["message"]["message_id"] == first["message"]["message_id"]
             assert c.health()["active_messages"] == 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_what_a_restart_replays_is_made_durable_before_it_is_acknowledged(tmp_path, seed):
+    """A daemon that exited after a failed shared fdatasync (EXIT_FSYNC_FAILED) left its batch in the page
+    cache only. The restarted daemon replays it and answers the clients' retries "already applied" — so
+    opening the store must make what it replayed durable first: a power cut afterwards keeps it."""
+    import random
+
+    from faultio import NoSyncIO
+
+    io = NoSyncIO(str(tmp_path))
+    store = Store.open(str(tmp_path), io)
+    io.armed = True                        # the fdatasync of this write does not happen
+    rid = new_rid()
+    first = write(store, content="in the page cache only", request_id=rid)
+    store.close()                          # the process dies; the machine (and its page cache) does not
+    io.armed = False
+    again = Store.open(str(tmp_path), io)  # the restart, on the same page cache
+    assert write(again, content="in the page cache only", request_id=rid) == first  # "already applied"
+    again.close()
+    io.power_cut(random.Random(seed))      # ... and then the power goes
+    after = Store.open(str(tmp_path))
+    assert [m.content for m in after.by_id.values()] == ["in the page cache only"]
+    after.close()
