@@ -438,7 +438,7 @@ async def run(args: argparse.Namespace, held: dict[str, Any] | None = None) -> i
         elif args.command == "status":
             return await status(admin, args.json)
         elif args.command == "stop":
-            return await asyncio.to_thread(stop, admin, args.wait)
+            return stop(admin, args.wait)  # blocking, on purpose: Ctrl-C then ends the wait at once
         elif args.command == "rebuild":
             print(json.dumps(await admin.call("rebuild_index", {})))
         return EXIT_OK
