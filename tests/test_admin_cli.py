@@ -298,3 +298,20 @@ def test_format_bytes():
 
     assert [format_bytes(n) for n in (0, 1023, 1024, 1536, 1024 ** 2 * 5 // 2, 3 * 1024 ** 3)] == [
         "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "2.5 MiB", "3.00 GiB"]
+
+
+def test_on_a_terminal_a_skipped_line_is_written_above_the_progress_line(world, tmp_path):
+    from test_admin_transfer import run_on_pty
+
+    home, d = world["home"], world["d"]
+    f = tmp_path / "bad-late.jsonl"
+    lines = [msg_line(5000 + i, "tty-skip") for i in range(1500)]
+    lines[1200] = b'{"session_id": "tty-skip", "content": "no id, no role"}\n'  # after the first batch drew
+    f.write_bytes(b"".join(lines))
+    rc, out, tty = run_on_pty(cli_cmd(d.data_dir, "import", str(f)), cli_env(home), home)
+    assert rc == 0, tty
+    assert json.loads(out)["invalid_lines"] == 1
+    before, warning = tty.split("convmem: skipped line 1201: ", 1)
+    assert re.search(r"imported: 1,000 \(", before) and before.endswith("\r\x1b[K"), repr(tty)  # cleared first
+    assert re.match(r"message\.message_id is required\r?\n\rimported: 1,000 \(", warning), repr(warning)  # redrawn
+    assert "no id, no role" not in tty
