@@ -166,7 +166,7 @@ def test_export_then_import_into_an_empty_store_is_identical(world, copied):
     n = src_health["active_messages"]
     assert n == facts["writes"] - facts["deletes"]
     assert out_json(copied["export"]) == {"exported": n}
-    assert out_json(copied["import"]) == {"imported": n, "existing": 0, "malformed_lines": 0, "first_malformed": []}
+    assert out_json(copied["import"]) == {"imported": n, "existing": 0, "malformed_lines": 0, "first_malformed": [], "invalid_lines": 0, "first_invalid": []}
     assert out_json(copied["export2"]) == {"exported": n}
     for p in (copied["export"], copied["import"], copied["export2"]):
         assert p.stderr == b""                       # not a terminal: no progress, only the summary
@@ -230,7 +230,7 @@ def test_reimport_stores_nothing_twice(world, copied):
     with dst.client() as c:
         before = c.health()
     again = out_json(convmem(dst.data_dir, home, "import", str(copied["src_file"])))
-    assert again == {"imported": 0, "existing": n, "malformed_lines": 0, "first_malformed": []}
+    assert again == {"imported": 0, "existing": n, "malformed_lines": 0, "first_malformed": [], "invalid_lines": 0, "first_invalid": []}
     with dst.client() as c:
         after = c.health()
     for key in ("log_size", "last_sequence", "active_messages", "session_count", "update_records"):
@@ -294,32 +294,51 @@ def test_malformed_lines_are_skipped_and_counted(world, tmp_path):
     f.write_bytes(data)
     p = convmem(d.data_dir, home, "import", str(f))
     assert p.stderr == b""
-    assert out_json(p) == {"imported": 3, "existing": 0, "malformed_lines": 4, "first_malformed": [2, 5, 6, 9]}
+    assert out_json(p) == {"imported": 3, "existing": 0, "malformed_lines": 4, "first_malformed": [2, 5, 6, 9], "invalid_lines": 0, "first_invalid": []}
     with d.client() as c:
         assert [m["content"] for m in c.history("mal")] == [f"imported message {i} 日本語" for i in (1, 2, 4)]
     # the same through stdin
     p = convmem(d.data_dir, home, "import", "-", stdin=data)
-    assert out_json(p) == {"imported": 0, "existing": 3, "malformed_lines": 4, "first_malformed": [2, 5, 6, 9]}
+    assert out_json(p) == {"imported": 0, "existing": 3, "malformed_lines": 4, "first_malformed": [2, 5, 6, 9], "invalid_lines": 0, "first_invalid": []}
 
 
 @pytest.mark.parametrize("bad,field", [
     (msg(9, metadata={"importance": 500, "tags": ["robot"]}), "metadata.importance"),
     (msg(9, content=5), "content"),            # not even a string (the client's batching must not trip on it)
+    ({k: v for k, v in msg(9).items() if k != "role"}, "role"),  # a field missing
 ])
-def test_invalid_message_objects_are_a_validation_error_naming_the_field(world, tmp_path, bad, field):
+def test_invalid_message_objects_are_skipped_and_named_by_line_and_field(world, tmp_path, bad, field):
+    """One invalid line no longer aborts the import (its batch used to be refused whole): the others
+    are imported, the line is counted and named on stderr with the field, its content never echoed."""
     home, d = world["home"], world["scratch"]
     f = tmp_path / "invalid.jsonl"
-    f.write_bytes(line(msg(7, "inv")) + line(msg(8, "inv")) + line(bad))
-    with d.client() as c:
-        before = c.health()["active_messages"]
+    sid = f"inv-{field}"
+    k = 300 + 10 * ["metadata.importance", "content", "role"].index(field)  # fresh message ids per case
+    f.write_bytes(line(msg(k + 7, sid)) + line(msg(k + 8, sid)) + line(bad | {"session_id": sid})
+                  + line(msg(k + 10, sid)))
     p = convmem(d.data_dir, home, "import", str(f))
     err = p.stderr.decode()
-    assert p.returncode == 1, (p.stdout, err)
-    assert p.stdout == b""
-    assert E.VALIDATION_ERROR in err and field in err and "line 3" in err, err
+    assert out_json(p) == {"imported": 3, "existing": 0, "malformed_lines": 0, "first_malformed": [],
+                           "invalid_lines": 1, "first_invalid": [3]}
+    assert err.count("\n") == 1 and err.startswith("convmem: skipped line 3: message.") and field in err, err
+    assert E.VALIDATION_ERROR not in err and "Traceback" not in err
     assert "robot" not in err and "500" not in err  # no value is echoed
     with d.client() as c:
-        assert c.health()["active_messages"] == before  # the batch holding it was refused whole
+        assert [m["content"] for m in c.history(sid)] == [f"imported message {k + i} 日本語" for i in (7, 8, 10)]
+
+
+def test_many_invalid_lines_are_all_counted_the_first_ten_named(world, tmp_path):
+    home, d = world["home"], world["scratch"]
+    f = tmp_path / "many-invalid.jsonl"
+    f.write_bytes(b"".join(line(msg(200 + i, "inv-many", role="robot" if i % 2 else "user")) for i in range(30))
+                  + line({"session": {"session_id": 5}}))
+    p = convmem(d.data_dir, home, "import", str(f))
+    r = out_json(p)
+    assert (r["imported"], r["invalid_lines"]) == (15, 16)
+    assert r["first_invalid"] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
+    err = p.stderr.decode().splitlines()
+    assert len(err) == 11 and err[-1] == "convmem: skipped 6 more invalid lines", err
+    assert all("message.role" in e for e in err[:10]) and "robot" not in p.stderr.decode()
 
 
 def test_batches_are_bounded_by_encoded_size(world, tmp_path):
@@ -331,7 +350,7 @@ def test_batches_are_bounded_by_encoded_size(world, tmp_path):
             out.write(line(msg(10_000 + i, "sum", metadata={"summary": "s" * 4000 + f"{i:05d}" + "x" * 91,
                                                             "tags": ["t" * 128] * 32})))
     assert out_json(convmem(d.data_dir, home, "import", str(f))) == {
-        "imported": 1200, "existing": 0, "malformed_lines": 0, "first_malformed": []}
+        "imported": 1200, "existing": 0, "malformed_lines": 0, "first_malformed": [], "invalid_lines": 0, "first_invalid": []}
     with d.client() as c:
         assert len(c.history("sum")) == 1200
 
@@ -496,7 +515,7 @@ def test_progress_on_a_terminal_and_silence_elsewhere(world, tmp_path):
     # a terminal: a progress line with count and rate, ended by the final one
     rc, out, tty = run_on_pty(cli_cmd(d.data_dir, "import", str(f)), cli_env(home), home)
     assert rc == 0, tty
-    assert json.loads(out) == {"imported": 6000, "existing": 0, "malformed_lines": 0, "first_malformed": []}
+    assert json.loads(out) == {"imported": 6000, "existing": 0, "malformed_lines": 0, "first_malformed": [], "invalid_lines": 0, "first_invalid": []}
     assert re.search(r"imported: 6,000 \([\d,]+/s\)", tty), tty
     assert tty.endswith("\n") and "\r" in tty
     rc, out, tty = run_on_pty(cli_cmd(d.data_dir, "export", "-o", str(tmp_path / "out.jsonl")), cli_env(home), home)

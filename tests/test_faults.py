@@ -82,7 +82,7 @@ def test_import_of_future_ids_and_times_leaves_writes_working(tmp_path):
         d.start()
         p = convmem(data, home, "import", str(src))
         assert out_json(p) == {"imported": 3, "existing": 0, "malformed_lines": 0, "first_malformed": [],
-                               "future_times": 2}
+                               "invalid_lines": 0, "first_invalid": [], "future_times": 2}
         warning = [ln for ln in p.stderr.decode().splitlines() if "warning" in ln]
         assert len(warning) == 1 and "2 imported messages" in warning[0] and "future" in warning[0]
         with d.client() as c:
