@@ -205,6 +205,8 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
     t0 = time.monotonic()
 
     def loaded(store: Store) -> None:
+        if args.log_file:  # started by a front-end: it has read the start-up; the rest goes to the log file
+            switch_log(args.log_file)
         # Everything loaded lives as long as the process: move it out of the cyclic GC's sight, so a full
         # collection never walks a million messages while a request waits (the Instagram gc.freeze trick).
         gc.freeze()
@@ -216,8 +218,6 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
                  f", DEGRADED: {h['last_error']}" if h["last_error"] else "")
         LOG.info("ready on %s; MCP hosts reach it through `convmem-mcp --data-dir %s`, `convmem status` "
                  "shows it, Ctrl-C or `convmem stop --data-dir %s` stops it", endpoint, data_dir, data_dir)
-        if args.log_file:
-            switch_log(args.log_file)
 
     server.on_loaded = loaded
     LOG.info("listening on %s; opening the store (requests are answered 'loading' until it is open)", endpoint)

@@ -57,6 +57,10 @@ async def test_a_spawned_daemon_that_died_is_replaced_by_the_first_call_after(da
             assert second != first
             hist = await call(c, "read_messages", {"session_id": "s"})
             assert [m["content"] for m in hist["history"]] == ["before", "after"]
+        # an auto-started daemon logs where the README says, and is private
+        log = (data_dir / "storaged.log").read_text()
+        assert "ready on" in log and "Traceback" not in log, log
+        assert (data_dir / "storaged.log").stat().st_mode & 0o077 == 0
     finally:
         kill_daemons_of(data_dir)
 
