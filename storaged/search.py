@@ -24,8 +24,10 @@ Query evaluation is term-at-a-time MaxScore: lists are taken in decreasing order
 bound; once `limit` acceptable docs score more than everything the remaining lists could still
 give a newcomer, the remaining (long, low-idf) lists are only probed by binary search for the
 surviving candidates instead of being scanned.  Results are exact (not approximate top-k) unless a
-query would scan more than a budget of postings (many common words): then the lists past the
-budget are only probed for the best candidates found so far (see _SCAN_BUDGET).
+query hits one of the budgets that bound the work of every call (many common words: postings
+scanned, probe steps; a filter that rejects nearly everything: filter calls; many one-character
+CJK runs: expansion postings).  Then the docs returned may not be the exact top-k, but their
+scores are; SearchIndex.search says which queries are guaranteed exact.
 
 CJK: a query run's bigrams are OR-ed terms; in addition, a doc whose field holds every bigram of a
 run (the phrase, or all its pieces) gets a bonus equal to the most any doc could score from those
@@ -76,7 +78,7 @@ _KEY_DL_MASK = (1 << _DL_BITS) - 1
 _SWEEP_MIN_DEAD = 256
 _SWEEP_BUDGET = 2048
 _RENUMBER_MIN_DEAD = 4096
-_CHAR_EXPANSION_BUDGET = 400_000  # postings read for a one-character CJK query
+_CHAR_EXPANSION_BUDGET = 100_000  # postings read for all the one-character CJK runs of a query
 # The work of one query, so that no query can stall the daemon's loop for everyone else (35 common
 # words at 200k messages took 1.6-2.4 s). Lists are scanned best bound first (rare terms first) while
 # the postings scanned stay within _SCAN_BUDGET; the lists left over are then only probed for the best
@@ -773,22 +775,26 @@ class SearchIndex:
                 if all(parts):
                     bonus = sum(tl.ub for tl in parts)
                     lists.append(_PhraseBonus(f, [tl.slots for tl in parts], bonus))
+        budget = [_CHAR_EXPANSION_BUDGET]  # shared by all the query's one-character runs
         for ch in dict.fromkeys(singles):
-            lists.extend(self._char_lists(ch, tables, weights[ch], fields))
+            lists.extend(self._char_lists(ch, tables, weights[ch], fields, budget))
         return lists
 
-    def _char_lists(self, ch: str, tables, qtf: int, fields: tuple[int, ...]) -> list:
+    def _char_lists(self, ch: str, tables, qtf: int, fields: tuple[int, ...], budget: list[int]) -> list:
         """One-character CJK query: besides its unigram (indexed only where the character stood
         alone), the bigrams holding the character, merged into one synthetic term per field
         whose df is the number of docs reached; a doc counts its best posting among them.
-        Reads at most ~_CHAR_EXPANSION_BUDGET postings, so a very common character is partial."""
+        All of a query's one-character runs together read at most ~_CHAR_EXPANSION_BUDGET
+        postings (``budget``, spent in place), so a very common character is partial and a query
+        of many characters cannot multiply the work; past it, a character keeps its unigram only."""
         tids = self._char_index().get(ch, ())
         out = []
         for f in fields:
             slots_f, keys_f = self._slots[f], self._keys[f]
             t = tables[f]
             best: dict[int, float] = {}  # slot → best impact among the expansions
-            budget = _CHAR_EXPANSION_BUDGET
+            if budget[0] <= 0:
+                break
             for tid in tids:
                 p = slots_f[tid]
                 if p is None:
@@ -797,15 +803,15 @@ class SearchIndex:
                     v = t[keys_f[tid]]
                     if best.get(p, -1.0) < v:
                         best[p] = v
-                    budget -= 1
+                    budget[0] -= 1
                 else:
                     get = best.get
                     for s, k in zip(p, keys_f[tid]):
                         v = t[k]
                         if get(s, -1.0) < v:
                             best[s] = v
-                    budget -= len(p)
-                if budget <= 0:
+                    budget[0] -= len(p)
+                if budget[0] <= 0:
                     break
             if not best:
                 continue
