@@ -151,6 +151,9 @@ class Spawner:
                     return True
                 output.drain()
                 code = proc.poll() if proc is not None else None
+                if code is not None and code < 0:  # killed, not a daemon that cannot start: try again later
+                    log.warning("the storage daemon was killed (signal %d) while starting", -code)
+                    return False
                 if code is not None and code != EXIT_LOCKED:
                     output.drain()
                     return self._failed(output.cause() or f"it exited with status {code}; see "
