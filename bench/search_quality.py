@@ -32,6 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from storaged import search as S  # noqa: E402
+from storaged import rank as R  # noqa: E402
+from storaged.rank import ranked_search  # noqa: E402
 from storaged.search import SearchIndex  # noqa: E402
 from storaged.tokenize import STOP_WORDS  # noqa: E402
 
@@ -47,7 +49,8 @@ def load_locomo():
     convs = []
     for sample in data:
         conv = sample["conversation"]
-        turns = [t for k, v in conv.items() if k.startswith("session_") and isinstance(v, list) for t in v]
+        turns = [t | {"_session": k} for k, v in conv.items() if k.startswith("session_") and isinstance(v, list)
+                 for t in v]
         valid = {t["dia_id"] for t in turns}
         qs = []
         for q in sample["qa"]:
@@ -121,8 +124,27 @@ class Recall:
         }
 
 
+def session_neighbours(turns):
+    """neighbours(doc, r) over LoCoMo's sessions (docs are 1-based turn positions), as the store
+    gives them from Session.seqs."""
+    sess = [t["_session"] for t in turns]
+
+    def neighbours(doc: int, r: int):
+        i = doc - 1
+        before, after = [], []
+        for k in range(1, r + 1):
+            if i - k >= 0 and sess[i - k] == sess[i]:
+                before.append(doc - k)
+            if i + k < len(sess) and sess[i + k] == sess[i]:
+                after.append(doc + k)
+        return before, after
+
+    return neighbours
+
+
 def run_locomo(convs, with_summaries: bool) -> dict:
-    engines = {"ours": Recall(), "fts5_all_words": Recall(), "fts5_our_words": Recall()}
+    engines = {"ours": Recall(), "ours_no_context": Recall(), "fts5_all_words": Recall(),
+               "fts5_our_words": Recall()}
     times = defaultdict(float)
     for _, turns, qs, summaries in convs:
         idx = SearchIndex()
@@ -140,11 +162,16 @@ def run_locomo(convs, with_summaries: bool) -> dict:
                 con.execute("INSERT INTO t(rowid, content) VALUES (?, ?)", (i, turn_text(t)))
         rank = f"bm25(t, 1.0, {S.FIELD_WEIGHTS[1]})" if with_summaries else "bm25(t)"
         sql = f"SELECT rowid FROM t WHERE t MATCH ? ORDER BY {rank} LIMIT 10"
+        nb = session_neighbours(turns)
         for q, ev, cat in qs:
             t0 = time.perf_counter()
-            ranked = [turns[h.doc - 1]["dia_id"] for h in idx.search(q, 10)]
+            ranked = [turns[h.doc - 1]["dia_id"] for h in ranked_search(idx, q, 10, neighbours=nb)]
             times["ours"] += time.perf_counter() - t0
             engines["ours"].add(ranked, ev, cat)
+            t0 = time.perf_counter()
+            ranked = [turns[h.doc - 1]["dia_id"] for h in idx.search(q, 10)]
+            times["ours_no_context"] += time.perf_counter() - t0
+            engines["ours_no_context"].add(ranked, ev, cat)
             for name, build in (("fts5_all_words", fts_all_words), ("fts5_our_words", fts_our_words)):
                 m = build(q)
                 t0 = time.perf_counter()
@@ -313,7 +340,8 @@ def main() -> None:
     }
 
     names = {
-        "ours": "ours (BM25 k1=%.2g b=%.2g, stemming, stop words)" % (S.K1, S.B),
+        "ours": "ours (BM25 + session context %s)" % (list(R.CONTEXT_WEIGHTS),),
+        "ours_no_context": "ours, core only (BM25 k1=%.2g b=%.2g, stemming, stop words)" % (S.K1, S.B),
         "fts5_all_words": "FTS5 porter unicode61, all question words OR-ed",
         "fts5_our_words": "FTS5 porter unicode61, our query words OR-ed",
     }
@@ -334,6 +362,7 @@ def main() -> None:
             cats = sorted(res["ours"]["by_category"])
             print("  recall@10 by category: " + "  ".join(
                 f"{c}: ours {res['ours']['by_category'][c]['recall@10']:.3f} / "
+                f"core {res['ours_no_context']['by_category'][c]['recall@10']:.3f} / "
                 f"FTS5 {res['fts5_all_words']['by_category'][c]['recall@10']:.3f}"
                 for c in cats
             ))
