@@ -236,6 +236,14 @@ JA_DOCS = {
     46: "新しいプロジェクトのキックオフは来週月曜日",
     47: "データ分析の結果をグラフにまとめた",
     48: "ベースの練習を始めたが指が痛い",
+    # phrase cases: a query must rank its contiguous run above messages sharing one bigram (あり)
+    49: "手伝ってくれて本当にありがとう、助かった",
+    50: "明日の午前中に全体会議があります",
+    51: "何か質問はありますか",
+    52: "お土産をありがとうございました",
+    53: "ありがたいことに雨はやんだ",
+    54: "会議室予約システムが朝から落ちている",
+    55: "予約した会議室のシステム設定を直した",
 }
 
 # query → relevant docs.  Several phrase the idea differently from the text (データベース移行 vs
@@ -269,6 +277,9 @@ JA_QUERIES = [
     ("トマト", {37}),
     ("コンサート", {39}),
     ("新幹線", {5, 7}),
+    ("ありがとう", {49, 52}),
+    ("あります", {50, 51}),
+    ("会議室予約", {54}),
 ]
 JA_ONE_CHAR = [("猫", {8, 9}), ("車", {35})]
 
@@ -299,7 +310,7 @@ def run_japanese() -> dict:
             sums = defaultdict(float)
             for q, rel in queries:
                 if name == "ours":
-                    ranked = [h.doc for h in idx.search(q, 10)]
+                    ranked = [h.doc for h in ranked_search(idx, q, 10, text_of=JA_DOCS.__getitem__)]
                 else:
                     m = (trigram_phrase if name == "fts5_trigram_phrase" else trigram_or)(q)
                     ranked = [r[0] for r in con.execute(sql, (m,))] if m else []
