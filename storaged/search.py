@@ -834,7 +834,12 @@ class SearchIndex:
         cands = sorted(by_slot)
         per = [[0.0] * len(cands) for _ in FIELDS]
         for tl in lists:
-            tl.probe(cands, per[tl.field])
+            # a binary search per doc: probe() would build a dict of a long list for a few hundred docs
+            value, acc = tl.value, per[tl.field]
+            for i, s in enumerate(cands):
+                v = value(s)
+                if v:
+                    acc[i] += v
         out = {}
         for i, s in enumerate(cands):
             c, sm, t = per[0][i], per[1][i], per[2][i]
