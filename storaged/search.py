@@ -24,8 +24,10 @@ Query evaluation is term-at-a-time MaxScore: lists are taken in decreasing order
 bound; once `limit` acceptable docs score more than everything the remaining lists could still
 give a newcomer, the remaining (long, low-idf) lists are only probed by binary search for the
 surviving candidates instead of being scanned.  Results are exact (not approximate top-k) unless a
-query would scan more than a budget of postings (many common words): then the lists past the
-budget are only probed for the best candidates found so far (see _SCAN_BUDGET).
+query hits one of the budgets that bound the work of every call (many common words: postings
+scanned, probe steps; a filter that rejects nearly everything: filter calls; many one-character
+CJK runs: expansion postings).  Then the docs returned may not be the exact top-k, but their
+scores are; SearchIndex.search says which queries are guaranteed exact.
 
 CJK: a query run's bigrams are OR-ed terms; in addition, a doc whose field holds every bigram of a
 run (the phrase, or all its pieces) gets a bonus equal to the most any doc could score from those
@@ -46,6 +48,7 @@ from bisect import bisect_left
 from collections import Counter
 from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress
+from operator import and_
 from typing import Any, Callable, NamedTuple, Sequence
 
 from storaged.tokenize import index_terms, query_runs
@@ -75,15 +78,19 @@ _KEY_DL_MASK = (1 << _DL_BITS) - 1
 _SWEEP_MIN_DEAD = 256
 _SWEEP_BUDGET = 2048
 _RENUMBER_MIN_DEAD = 4096
-_CHAR_EXPANSION_BUDGET = 400_000  # postings read for a one-character CJK query
+_CHAR_EXPANSION_BUDGET = 100_000  # postings read for all the one-character CJK runs of a query
 # The work of one query, so that no query can stall the daemon's loop for everyone else (35 common
-# words at 200k messages scanned ~3.5M postings: 2.4 s). Lists are scanned best bound first (rare terms
-# first) while the postings scanned stay within _SCAN_BUDGET; the lists left over are then only probed
-# (binary search) for the _PROBE_CANDIDATES best acceptable docs found so far. The scores of those docs
-# stay exact; what is lost is a doc that holds none of the scanned terms. Ordinary queries read far
-# fewer postings and are unaffected (bench/search_quality.py: identical figures).
-_SCAN_BUDGET = 400_000
-_PROBE_CANDIDATES = 2_000
+# words at 200k messages took 1.6-2.4 s). Lists are scanned best bound first (rare terms first) while
+# the postings scanned stay within _SCAN_BUDGET; the lists left over are then only probed for the best
+# acceptable docs found so far: _PROBE_CANDIDATES of them, fewer if probing would take more than
+# _PROBE_BUDGET steps. The caller's filter is asked about at most _ACCEPT_BUDGET docs. The scores of
+# the docs returned stay exact; what is lost past a budget is a doc that the scanned terms rank low
+# (see SearchIndex.search). Ordinary queries read far fewer postings and are exact
+# (bench/search_quality.py: identical figures).
+_SCAN_BUDGET = 100_000
+_PROBE_CANDIDATES = 1_000
+_PROBE_BUDGET = 100_000
+_ACCEPT_BUDGET = _SCAN_BUDGET  # >= the docs any query within the scan budget can reach: those stay exact
 _CJK_CHAR = re.compile(
     "[\u3005-\u3007\u3041-\u309f\u30a0-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
     "\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff"
@@ -206,7 +213,13 @@ class _TermList:
             return
         n = len(slots)
         keys = self.keys
-        if len(cands) * 4 < n:
+        if n < len(cands):  # a short list: walk it, not the candidates
+            get = dict(zip(cands, range(len(cands)))).get
+            for s, k in zip(slots, keys):
+                i = get(s)
+                if i is not None:
+                    scores[i] += w * table[k]
+        elif len(cands) * 4 < n:
             lo = 0
             for i, s in enumerate(cands):
                 lo = bisect_left(slots, s, lo)
@@ -314,6 +327,84 @@ def _best_first(acc: dict, slots):
     heapify(heap)
     while heap:
         yield heappop(heap)[1]
+
+
+def _verdicts(alive, slot_doc, accept: Callable[[int], bool] | None) -> Callable[[int], bool]:
+    """ok(slot): is the slot live and acceptable?  ``accept`` (the caller's filter, arbitrary
+    Python) is asked once per slot and at most _ACCEPT_BUDGET times per query.  Past that,
+    unjudged slots count as not acceptable and ``ok.spent`` is set, so that walks over the score
+    table stop instead of going on to its end."""
+    if accept is None:
+        def ok(s: int) -> bool:
+            return alive[s] == 1
+    else:
+        cache: dict[int, bool] = {}
+        left = [_ACCEPT_BUDGET]
+
+        def ok(s: int) -> bool:
+            v = cache.get(s)
+            if v is None:
+                if not alive[s]:
+                    return False
+                if left[0] <= 0:
+                    ok.spent = True
+                    return False
+                left[0] -= 1
+                v = cache[s] = bool(accept(slot_doc[s]))
+            return v
+    ok.spent = False
+    return ok
+
+
+def _probe_cost(lists: list, i: int, m: int) -> int:
+    """About the steps probing lists[i:] for m candidates takes (each walks the smaller side)."""
+    return sum(min(tl.size, m) for tl in lists[i:])
+
+
+def _probe_count(lists: list, i: int, limit: int) -> int:
+    """How many candidates to probe lists[i:] for: _PROBE_CANDIDATES, halved while that would
+    cost more than _PROBE_BUDGET steps (a query of very many long terms), never below what the
+    final pool needs."""
+    floor = 2 * limit + 8
+    m = max(_PROBE_CANDIDATES, floor)
+    while m > floor and _probe_cost(lists, i, m) > _PROBE_BUDGET:
+        m //= 2
+    return max(m, floor)
+
+
+def _ranked(acc: dict, first: int):
+    """Slots of acc in descending score order, lazily and mostly in C, as lists (bands) of
+    about `first`, then 4x, 16x ... slots, each cut from acc by a threshold read off a sorted sample of the
+    scores (one C pass over acc per band) and sorted on its own; the whole of acc is never
+    sorted unless the walk really goes that far."""
+    n = len(acc)
+    if n <= 4 * first:
+        yield sorted(acc, key=acc.__getitem__, reverse=True)
+        return
+    vals = list(acc.values())
+    step = max(1, n // 2048)
+    sample = sorted(vals[::step], reverse=True)
+    hi = None
+    rank = first
+    while True:
+        k = rank // step
+        if k >= len(sample) or rank * 4 >= n:
+            lo_mask = None
+        else:
+            cut = sample[k]
+            lo_mask = map(cut.__le__, vals)
+        if hi is None:
+            band = list(compress(acc, lo_mask)) if lo_mask is not None else list(acc)
+        elif lo_mask is None:
+            band = list(compress(acc, map(hi.__gt__, vals)))
+        else:
+            band = list(compress(acc, map(and_, lo_mask, map(hi.__gt__, vals))))
+        band.sort(key=acc.__getitem__, reverse=True)
+        yield band
+        if lo_mask is None:
+            return
+        hi = cut
+        rank *= 4
 
 
 def _note_char_term(ct: dict[str, array], term: str, tid: int) -> None:
@@ -684,22 +775,26 @@ class SearchIndex:
                 if all(parts):
                     bonus = sum(tl.ub for tl in parts)
                     lists.append(_PhraseBonus(f, [tl.slots for tl in parts], bonus))
+        budget = [_CHAR_EXPANSION_BUDGET]  # shared by all the query's one-character runs
         for ch in dict.fromkeys(singles):
-            lists.extend(self._char_lists(ch, tables, weights[ch], fields))
+            lists.extend(self._char_lists(ch, tables, weights[ch], fields, budget))
         return lists
 
-    def _char_lists(self, ch: str, tables, qtf: int, fields: tuple[int, ...]) -> list:
+    def _char_lists(self, ch: str, tables, qtf: int, fields: tuple[int, ...], budget: list[int]) -> list:
         """One-character CJK query: besides its unigram (indexed only where the character stood
         alone), the bigrams holding the character, merged into one synthetic term per field
         whose df is the number of docs reached; a doc counts its best posting among them.
-        Reads at most ~_CHAR_EXPANSION_BUDGET postings, so a very common character is partial."""
+        All of a query's one-character runs together read at most ~_CHAR_EXPANSION_BUDGET
+        postings (``budget``, spent in place), so a very common character is partial and a query
+        of many characters cannot multiply the work; past it, a character keeps its unigram only."""
         tids = self._char_index().get(ch, ())
         out = []
         for f in fields:
             slots_f, keys_f = self._slots[f], self._keys[f]
             t = tables[f]
             best: dict[int, float] = {}  # slot → best impact among the expansions
-            budget = _CHAR_EXPANSION_BUDGET
+            if budget[0] <= 0:
+                break
             for tid in tids:
                 p = slots_f[tid]
                 if p is None:
@@ -708,15 +803,15 @@ class SearchIndex:
                     v = t[keys_f[tid]]
                     if best.get(p, -1.0) < v:
                         best[p] = v
-                    budget -= 1
+                    budget[0] -= 1
                 else:
                     get = best.get
                     for s, k in zip(p, keys_f[tid]):
                         v = t[k]
                         if get(s, -1.0) < v:
                             best[s] = v
-                    budget -= len(p)
-                if budget <= 0:
+                    budget[0] -= len(p)
+                if budget[0] <= 0:
                     break
             if not best:
                 continue
@@ -732,8 +827,25 @@ class SearchIndex:
         tiebreak: Callable[[int], tuple] | None = None,
         fields: tuple[int, ...] = (0, 1, 2),
     ) -> list[Hit]:
-        """The ``limit`` best acceptable docs, exactly, ordered by score then ``tiebreak`` (default: doc),
-        both descending. ``fields`` (indexes into FIELDS) restricts which fields may match."""
+        """The ``limit`` best acceptable docs ordered by score then ``tiebreak`` (default: doc), both
+        descending. ``fields`` (indexes into FIELDS) restricts which fields may match.
+
+        The work of one call is bounded, so no query can stall the daemon for everyone else:
+
+        * Postings: lists are scanned best bound first (rarest terms first) while the postings
+          read stay within _SCAN_BUDGET (the first list is always read).  If lists are left, the
+          best _PROBE_CANDIDATES acceptable docs so far (fewer if probing them would exceed
+          _PROBE_BUDGET) are probed in them by binary search.  A doc holding none of the scanned
+          terms, or ranked below those candidates by the scanned terms, is then not found.
+        * Filter: ``accept`` is asked about at most _ACCEPT_BUDGET docs, best scored first; the
+          docs past that count as not acceptable (so fewer than ``limit`` may come back).
+
+        Guaranteed exact, with or without ``accept``: every query whose lists hold at most
+        _SCAN_BUDGET postings in all (such a query reaches at most that many docs, and
+        _ACCEPT_BUDGET is no smaller) — every LoCoMo question even at 200k messages, and
+        bench/search_quality.py is unchanged.  Past a budget the result is approximate in which
+        docs are returned, never in their scores: every Hit's score and breakdown are exact.
+        """
         if limit <= 0 or not self._live:
             return []
         lists = self._query_lists(query, fields)
@@ -750,56 +862,62 @@ class SearchIndex:
 
         alive = self._alive
         slot_doc = self._slot_doc
-        verdict: dict[int, bool] = {}
-
-        def ok(s: int) -> bool:
-            v = verdict.get(s)
-            if v is None:
-                v = verdict[s] = bool(alive[s]) and (accept is None or bool(accept(slot_doc[s])))
-            return v
+        ok = _verdicts(alive, slot_doc, accept)
 
         acc: dict[int, float] = {}
         i = 0
         top = None
         total = rem[0]
         scanned = 0
+        since_check = 0  # postings scanned since the last shut-out check
         while i < n:
             # Worth checking whether newcomers are already shut out only if that saves real work,
-            # and only possible once what was scanned can outweigh what is left.
-            if i and total - rem[i] > rem[i] and len(acc) >= limit and rem_size[i] > len(acc):
+            # only possible once what was scanned can outweigh what is left, and (as a check walks
+            # all of acc, in C: ~1/5 of the cost of scanning a posting) only if the scanning since
+            # the last check, or the next list's, pays for it: checks never cost more than scans.
+            if (i and total - rem[i] > rem[i] and len(acc) >= limit and rem_size[i] > len(acc)
+                    and (4 * since_check >= len(acc) or lists[i].size >= len(acc))):
+                since_check = 0
                 top = self._shut_out(acc, rem[i], limit, ok)
                 if top is not None:
                     break
-            if i and scanned + lists[i].size > _SCAN_BUDGET:
+            size = lists[i].size
+            if i and scanned + size > _SCAN_BUDGET:
                 break  # the budget is spent: the rest is probed for the best candidates below
             lists[i].scan_into(acc)
-            scanned += lists[i].size
+            scanned += size
+            since_check += size
             i += 1
 
-        if top is None and i < n:
-            cands = sorted(self._best_acceptable(acc, max(_PROBE_CANDIDATES, 4 * limit), ok))
-            scores = list(map(acc.__getitem__, cands))
-            for j in range(i, n):
-                lists[j].probe(cands, scores)
-            acc = dict(zip(cands, scores))
-        elif top is not None:
+        if top is not None:
             # MaxScore's second phase: no doc outside acc can reach the `limit` verified docs in
             # `top`, so the remaining lists are only probed for the docs of acc that still can.
             theta = min(map(acc.__getitem__, top))
             cut = (theta - rem[i]) * (1.0 - 1e-9) - 1e-12
-            cands = sorted(filter(alive.__getitem__, compress(acc, map(cut.__le__, acc.values()))))
+            cands = list(filter(alive.__getitem__, compress(acc, map(cut.__le__, acc.values()))))
+            m = _probe_count(lists, i, limit)
+            if len(cands) > m and _probe_cost(lists, i, len(cands)) > _PROBE_BUDGET:
+                top = None  # too many docs still in the running: keep the best only (below)
+            else:
+                cands.sort()
+                scores = list(map(acc.__getitem__, cands))
+                for j in range(i, n):
+                    lists[j].probe(cands, scores)
+                    if j + 1 == n:
+                        break
+                    # top's scores only rise, so their minimum is a valid, rising threshold
+                    theta = min(scores[bisect_left(cands, s)] for s in top)
+                    cut = (theta - rem[j + 1]) * (1.0 - 1e-9) - 1e-12
+                    mask = list(map(cut.__le__, scores))
+                    if not all(mask):
+                        cands = list(compress(cands, mask))
+                        scores = list(compress(scores, mask))
+                acc = dict(zip(cands, scores))
+        if top is None and i < n:
+            cands = sorted(self._best_acceptable(acc, _probe_count(lists, i, limit), ok))
             scores = list(map(acc.__getitem__, cands))
             for j in range(i, n):
                 lists[j].probe(cands, scores)
-                if j + 1 == n:
-                    break
-                # top's scores only rise, so their minimum is a valid, rising threshold
-                theta = min(scores[bisect_left(cands, s)] for s in top)
-                cut = (theta - rem[j + 1]) * (1.0 - 1e-9) - 1e-12
-                mask = list(map(cut.__le__, scores))
-                if not all(mask):
-                    cands = list(compress(cands, mask))
-                    scores = list(compress(scores, mask))
             acc = dict(zip(cands, scores))
         pool = self._top_pool(acc, limit, ok)
 
@@ -866,20 +984,23 @@ class SearchIndex:
                 top.append(s)
                 if len(top) == limit:
                     return top
+            elif ok.spent:
+                break
         return None
 
     @staticmethod
     def _best_acceptable(acc: dict, m: int, ok: Callable[[int], bool]) -> list[int]:
-        """Up to ``m`` acceptable slots of acc with the best scores (asks ``ok`` best-first)."""
-        out = [s for s in nlargest(2 * m, acc, key=acc.__getitem__) if ok(s)] if len(acc) > 4 * m else None
-        if out is not None and len(out) >= m:
-            return out[:m]
+        """Up to ``m`` acceptable slots of acc with the best scores (asks ``ok`` best-first).
+        Walks acc in score order, a band at a time (_ranked), and stops at ``m``."""
         out = []
-        for s in _best_first(acc, acc):
-            if ok(s):
-                out.append(s)
-                if len(out) == m:
-                    break
+        for band in _ranked(acc, 2 * m):
+            for s in band:
+                if ok(s):
+                    out.append(s)
+                    if len(out) == m:
+                        return out
+                elif ok.spent:
+                    return out
         return out
 
     @staticmethod
@@ -896,17 +1017,22 @@ class SearchIndex:
                 cut = theta * (1.0 - 1e-9) - 1e-12
                 # ties at the boundary may extend below cut0
                 return [s for s in compress(acc, map(cut.__le__, acc.values())) if ok(s)]
+            if ok.spent:
+                return good
             m = max(2 * m, int(m * limit * 1.5 / max(len(good), 1)) + 8)
         good = []
         cut = None
-        for s in _best_first(acc, acc):
-            v = acc[s]
-            if cut is not None and v < cut:
-                break
-            if ok(s):
-                good.append(s)
-                if cut is None and len(good) == limit:
-                    cut = v * (1.0 - 1e-9) - 1e-12
+        for band in _ranked(acc, 4 * m):
+            for s in band:
+                v = acc[s]
+                if cut is not None and v < cut:
+                    return good
+                if ok(s):
+                    good.append(s)
+                    if cut is None and len(good) == limit:
+                        cut = v * (1.0 - 1e-9) - 1e-12
+                elif ok.spent:
+                    return good
         return good
 
     # --- snapshot -----------------------------------------------------------------------------

@@ -174,12 +174,44 @@ def test_peer_that_never_reads_cannot_grow_the_daemon(pool):
 
 
 # ------------------------------------------------------------------------------- 4c: one query's work is bounded
-def test_many_common_words_query_reads_a_bounded_number_of_postings(monkeypatch):
-    """35 words that each occur in 6 of 7 of 40k docs: a query of all of them used to scan every
-    posting (~1.2M here; 3.5M and 2.4 s at 200k messages). Now lists are scanned only within the
-    budget and the rest probed for the best candidates: the postings scanned stay within the budget
-    plus the first list, and the docs returned carry exact scores. (Which docs: the best by the
-    scanned terms — an approximation only past the budget.)"""
+class _WorkCounter:
+    """Counts a query's units of work by wrapping the index's own steps (no timing): postings
+    scanned, probe steps (each probe walks the smaller of list and candidates), score-table
+    entries walked by shut-out checks, and calls of the caller's filter."""
+
+    def __init__(self, monkeypatch, S):
+        self.scanned = self.probed = self.checked = self.asked = 0
+        scan, probe, shut = S._TermList.scan_into, S._TermList.probe, S.SearchIndex._shut_out
+
+        def scan_into(tl, acc):
+            self.scanned += tl.size
+            return scan(tl, acc)
+
+        def probe_(tl, cands, scores):
+            self.probed += min(tl.size, len(cands))
+            return probe(tl, cands, scores)
+
+        def shut_out(acc, bound, limit, ok):
+            self.checked += len(acc)
+            return shut(acc, bound, limit, ok)
+
+        monkeypatch.setattr(S._TermList, "scan_into", scan_into)
+        monkeypatch.setattr(S._TermList, "probe", probe_)
+        monkeypatch.setattr(S.SearchIndex, "_shut_out", staticmethod(shut_out))
+
+    def accept(self, pred):
+        def counted(doc):
+            self.asked += 1
+            return pred(doc)
+        return counted
+
+    def total(self) -> int:
+        return self.scanned + self.probed + self.checked + self.asked
+
+
+@pytest.fixture(scope="module")
+def common_words_index():
+    """35 words that each occur in 6 of 7 of 24k docs (~720k postings), plus one doc holding them all."""
     import random
 
     from storaged import search as S
@@ -187,28 +219,74 @@ def test_many_common_words_query_reads_a_bounded_number_of_postings(monkeypatch)
     words = [f"common{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(35)]
     rng = random.Random(5)
     idx = S.SearchIndex()
-    n = 40_000
+    n = 24_000
     for d in range(n):
         idx.add(d, " ".join(rng.sample(words, 30)) + f" filler{d}", None, ())
     idx.add(n, " ".join(words) + " everything", None, ())
-    scanned = [0]
-    real = S._TermList.scan_into
+    return idx, words, n
 
-    def counting(self, acc):
-        scanned[0] += self.size
-        return real(self, acc)
 
-    monkeypatch.setattr(S._TermList, "scan_into", counting)
+def test_many_common_words_query_does_bounded_work(common_words_index, monkeypatch):
+    """All 35 common words in one query used to scan ~every posting (3.5M and 2.4 s at 200k
+    messages), then a 400k-postings budget still took ~1.6 s (a shut-out check walking the score
+    table per list, a full sort to pick candidates). Now every kind of work is bounded by a budget
+    that does not grow with the store: postings scanned, probe steps, shut-out checks; and the docs
+    returned carry their exact scores. (Which docs: the best by the scanned terms, probed in the
+    rest — an approximation only past the budget, as search()'s docstring says.)"""
+    from storaged import search as S
+
+    idx, words, n = common_words_index
+    work = _WorkCounter(monkeypatch, S)
     query = " ".join(words)
     hits = idx.search(query, 10)
-    biggest = max(len(p) for p in idx._slots[0] if p is not None and type(p) is not int)
-    assert scanned[0] <= S._SCAN_BUDGET + biggest, scanned[0]
-    # the docs returned carry their exact scores (the lists past the budget were probed for them)
-    lists = idx._query_lists(query)
-    for h in hits:
+    lists = sorted(idx._query_lists(query), key=lambda tl: -tl.ub)
+    assert sum(tl.size for tl in lists) > 600_000  # the query touches ~every posting
+    assert work.scanned <= S._SCAN_BUDGET + lists[0].size, work.scanned
+    assert work.probed <= S._PROBE_BUDGET, work.probed
+    assert work.checked <= 6 * work.scanned, (work.checked, work.scanned)
+    assert work.total() <= 300_000, vars(work)
+    assert len(hits) == 10
+    for h in hits:  # exact scores for the docs returned
         slot = idx._docmap.get(h.doc)
         assert h.score == pytest.approx(sum(tl.value(slot) for tl in lists), rel=1e-9)
-    assert len(hits) == 10
+
+
+def test_many_common_words_query_asks_the_filter_a_bounded_number_of_times(common_words_index, monkeypatch):
+    """A filter that rejects every doc (a session with no match, a high min_importance) used to be
+    asked about every doc the query reached (~all of them), best-first through a heap. Now it is
+    asked at most _ACCEPT_BUDGET times (lowered here below the docs reached; by default it is the
+    scan budget, so queries within that stay exact); a filter passing a fair share fills the page."""
+    from storaged import search as S
+
+    idx, words, n = common_words_index
+    query = " ".join(words)
+    monkeypatch.setattr(S, "_ACCEPT_BUDGET", 5_000, raising=False)  # below the 24k docs the query reaches
+    work = _WorkCounter(monkeypatch, S)
+    assert idx.search(query, 10, accept=work.accept(lambda d: False)) == []
+    assert work.asked <= S._ACCEPT_BUDGET, work.asked
+    assert work.total() <= 300_000, vars(work)
+
+    work = _WorkCounter(monkeypatch, S)
+    hits = idx.search(query, 10, accept=work.accept(lambda d: d % 7 == 3))
+    assert len(hits) == 10 and all(h.doc % 7 == 3 for h in hits)
+    assert work.asked <= S._ACCEPT_BUDGET and work.total() <= 300_000, vars(work)
+
+
+def test_ordinary_query_on_the_same_index_is_exact(common_words_index):
+    """Under the budgets nothing is approximate: a query of rare terms plus one common word
+    returns exactly the brute-force ranking."""
+    idx, words, n = common_words_index
+    query = f"filler17 filler4242 everything {words[3]}"
+    lists = idx._query_lists(query)
+    brute = {}
+    for slot in range(len(idx._slot_doc)):
+        v = sum(tl.value(slot) for tl in lists)
+        if v:
+            brute[idx._slot_doc[slot]] = v
+    want = sorted(brute, key=lambda d: (-brute[d], -d))[:10]
+    got = idx.search(query, 10)
+    assert [h.doc for h in got] == want
+    assert [h.score for h in got] == pytest.approx([brute[d] for d in want], rel=1e-12)
 
 
 # ------------------------------------------------------------------------------- 4c: health is not O(sessions)

@@ -472,3 +472,23 @@ def test_memory_bytes_matches_what_is_allocated(n, searched):
     finally:
         tracemalloc.stop()
     assert 0.6 * real <= ix.memory_bytes() <= 1.6 * real, (ix.memory_bytes(), real)
+
+
+def test_one_character_expansions_share_one_budget_per_query(monkeypatch):
+    """A one-character CJK run reads the postings of every bigram holding that character. The
+    read was budgeted per character (and per field), so a query of many single characters
+    multiplied it (issue 12, 4c); now all of a query's one-character runs share one budget."""
+    from storaged import search as S
+
+    chars = "日本語学校先生電車時間天気"
+    rng = random.Random(3)
+    ix = SearchIndex()
+    for d in range(600):
+        ix.add(d, "".join(rng.choice(chars) for _ in range(12)), None, ())
+    monkeypatch.setattr(S, "_CHAR_EXPANSION_BUDGET", 500)
+    query = " ".join(chars)  # thirteen one-character runs
+    expanded = [tl for tl in ix._query_lists(query) if isinstance(tl, S._MaterialList)]
+    biggest = max(len(p) for p in ix._slots[0] if p is not None and type(p) is not int)
+    assert expanded  # the expansion still happens
+    assert sum(tl.size for tl in expanded) <= 500 + biggest
+    assert ix.search(query, 5)  # and the query still answers
