@@ -32,6 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from storaged import search as S  # noqa: E402
+from storaged import rank as R  # noqa: E402
+from storaged.rank import ranked_search  # noqa: E402
 from storaged.search import SearchIndex  # noqa: E402
 from storaged.tokenize import STOP_WORDS  # noqa: E402
 
@@ -47,7 +49,8 @@ def load_locomo():
     convs = []
     for sample in data:
         conv = sample["conversation"]
-        turns = [t for k, v in conv.items() if k.startswith("session_") and isinstance(v, list) for t in v]
+        turns = [t | {"_session": k} for k, v in conv.items() if k.startswith("session_") and isinstance(v, list)
+                 for t in v]
         valid = {t["dia_id"] for t in turns}
         qs = []
         for q in sample["qa"]:
@@ -121,8 +124,27 @@ class Recall:
         }
 
 
+def session_neighbours(turns):
+    """neighbours(doc, r) over LoCoMo's sessions (docs are 1-based turn positions), as the store
+    gives them from Session.seqs."""
+    sess = [t["_session"] for t in turns]
+
+    def neighbours(doc: int, r: int):
+        i = doc - 1
+        before, after = [], []
+        for k in range(1, r + 1):
+            if i - k >= 0 and sess[i - k] == sess[i]:
+                before.append(doc - k)
+            if i + k < len(sess) and sess[i + k] == sess[i]:
+                after.append(doc + k)
+        return before, after
+
+    return neighbours
+
+
 def run_locomo(convs, with_summaries: bool) -> dict:
-    engines = {"ours": Recall(), "fts5_all_words": Recall(), "fts5_our_words": Recall()}
+    engines = {"ours": Recall(), "ours_no_context": Recall(), "fts5_all_words": Recall(),
+               "fts5_our_words": Recall()}
     times = defaultdict(float)
     for _, turns, qs, summaries in convs:
         idx = SearchIndex()
@@ -140,11 +162,16 @@ def run_locomo(convs, with_summaries: bool) -> dict:
                 con.execute("INSERT INTO t(rowid, content) VALUES (?, ?)", (i, turn_text(t)))
         rank = f"bm25(t, 1.0, {S.FIELD_WEIGHTS[1]})" if with_summaries else "bm25(t)"
         sql = f"SELECT rowid FROM t WHERE t MATCH ? ORDER BY {rank} LIMIT 10"
+        nb = session_neighbours(turns)
         for q, ev, cat in qs:
             t0 = time.perf_counter()
-            ranked = [turns[h.doc - 1]["dia_id"] for h in idx.search(q, 10)]
+            ranked = [turns[h.doc - 1]["dia_id"] for h in ranked_search(idx, q, 10, neighbours=nb)]
             times["ours"] += time.perf_counter() - t0
             engines["ours"].add(ranked, ev, cat)
+            t0 = time.perf_counter()
+            ranked = [turns[h.doc - 1]["dia_id"] for h in idx.search(q, 10)]
+            times["ours_no_context"] += time.perf_counter() - t0
+            engines["ours_no_context"].add(ranked, ev, cat)
             for name, build in (("fts5_all_words", fts_all_words), ("fts5_our_words", fts_our_words)):
                 m = build(q)
                 t0 = time.perf_counter()
@@ -209,6 +236,14 @@ JA_DOCS = {
     46: "新しいプロジェクトのキックオフは来週月曜日",
     47: "データ分析の結果をグラフにまとめた",
     48: "ベースの練習を始めたが指が痛い",
+    # phrase cases: a query must rank its contiguous run above messages sharing one bigram (あり)
+    49: "手伝ってくれて本当にありがとう、助かった",
+    50: "明日の午前中に全体会議があります",
+    51: "何か質問はありますか",
+    52: "お土産をありがとうございました",
+    53: "ありがたいことに雨はやんだ",
+    54: "会議室予約システムが朝から落ちている",
+    55: "予約した会議室のシステム設定を直した",
 }
 
 # query → relevant docs.  Several phrase the idea differently from the text (データベース移行 vs
@@ -242,6 +277,9 @@ JA_QUERIES = [
     ("トマト", {37}),
     ("コンサート", {39}),
     ("新幹線", {5, 7}),
+    ("ありがとう", {49, 52}),
+    ("あります", {50, 51}),
+    ("会議室予約", {54}),
 ]
 JA_ONE_CHAR = [("猫", {8, 9}), ("車", {35})]
 
@@ -272,7 +310,7 @@ def run_japanese() -> dict:
             sums = defaultdict(float)
             for q, rel in queries:
                 if name == "ours":
-                    ranked = [h.doc for h in idx.search(q, 10)]
+                    ranked = [h.doc for h in ranked_search(idx, q, 10, text_of=JA_DOCS.__getitem__)]
                 else:
                     m = (trigram_phrase if name == "fts5_trigram_phrase" else trigram_or)(q)
                     ranked = [r[0] for r in con.execute(sql, (m,))] if m else []
@@ -313,7 +351,8 @@ def main() -> None:
     }
 
     names = {
-        "ours": "ours (BM25 k1=%.2g b=%.2g, stemming, stop words)" % (S.K1, S.B),
+        "ours": "ours (BM25 + session context %s)" % (list(R.CONTEXT_WEIGHTS),),
+        "ours_no_context": "ours, core only (BM25 k1=%.2g b=%.2g, stemming, stop words)" % (S.K1, S.B),
         "fts5_all_words": "FTS5 porter unicode61, all question words OR-ed",
         "fts5_our_words": "FTS5 porter unicode61, our query words OR-ed",
     }
@@ -334,6 +373,7 @@ def main() -> None:
             cats = sorted(res["ours"]["by_category"])
             print("  recall@10 by category: " + "  ".join(
                 f"{c}: ours {res['ours']['by_category'][c]['recall@10']:.3f} / "
+                f"core {res['ours_no_context']['by_category'][c]['recall@10']:.3f} / "
                 f"FTS5 {res['fts5_all_words']['by_category'][c]['recall@10']:.3f}"
                 for c in cats
             ))

@@ -26,8 +26,10 @@ from protocol.history import HistoryError, iso_ms
 
 from . import cursor, handles
 from .model import Message
+from .rank import ranked_search
 from .snippet import compact, snippet
 from .store import Store
+from .views import session_neighbours
 
 CONTENT_FIELD = (0,)   # search_sessions matches event text only (a hit's snippet must be able to show the match)
 ACTION_PREVIEW_CHARS = 160
@@ -360,7 +362,10 @@ class HistoryViews:
             m = by_seq[doc]
             return m.timestamp, _Descending(handles.event_id(key, m.message_id))
 
-        hits = store.search.search(req["query"], n + 1, accept, tiebreak, CONTENT_FIELD)
+        # the same conversation-aware ranking as search_messages (storaged/rank.py): an event's score
+        # takes in its neighbours' in the session's order; only events that match themselves are hits
+        hits = ranked_search(store.search, req["query"], n + 1, accept, tiebreak, CONTENT_FIELD,
+                             neighbours=session_neighbours(store), text_of=lambda d: by_seq[d].content, own_match=True)
         truncated = len(hits) > n
         hits = hits[:n]   # already in the interface's order: score, then time, then event id
         top = hits[0].score if hits else 1.0

@@ -934,6 +934,37 @@ class SearchIndex:
             return nlargest(limit, hits, key=lambda h: (h.score, h.doc))
         return nlargest(limit, hits, key=lambda h: (h.score, tiebreak(h.doc)))
 
+    def score_docs(self, query: str, docs, fields: tuple[int, ...] = (0, 1, 2)) -> dict[int, tuple[float, float, float]]:
+        """Exact per-field scores (content, summary, tags) of the given docs for ``query``: the same
+        numbers search() gives them.  Docs not indexed or scoring nothing are left out.  Costs a
+        binary search per doc and query list, so post-scoring stages (storaged/rank.py) can score the
+        session neighbours of a few candidates without scanning anything."""
+        docmap = self._docmap
+        alive = self._alive
+        by_slot = {}
+        for d in docs:
+            s = docmap.get(d)
+            if s >= 0 and alive[s]:
+                by_slot[s] = d
+        if not by_slot:
+            return {}
+        lists = self._query_lists(query, fields)
+        cands = sorted(by_slot)
+        per = [[0.0] * len(cands) for _ in FIELDS]
+        for tl in lists:
+            # a binary search per doc: probe() would build a dict of a long list for a few hundred docs
+            value, acc = tl.value, per[tl.field]
+            for i, s in enumerate(cands):
+                v = value(s)
+                if v:
+                    acc[i] += v
+        out = {}
+        for i, s in enumerate(cands):
+            c, sm, t = per[0][i], per[1][i], per[2][i]
+            if c or sm or t:
+                out[by_slot[s]] = (c, sm, t)
+        return out
+
     @staticmethod
     def _shut_out(acc: dict, bound: float, limit: int, ok: Callable[[int], bool]) -> list | None:
         """`limit` acceptable slots of acc each scoring above `bound` (what a doc not yet in acc

@@ -15,6 +15,7 @@ from protocol.errors import ProtocolError, invalid
 
 from . import cursor
 from .model import Message
+from .rank import ranked_search
 from .store import Store
 
 _MESSAGE_OVERHEAD = 420  # the JSON keys and punctuation of a Message object with empty metadata
@@ -303,6 +304,26 @@ def _neighbours(store: Store, msg: Message, n: int) -> dict[str, list[dict[str, 
     }
 
 
+def session_neighbours(store: Store):
+    """neighbours(seq, r) for storaged/rank.py: up to r live messages before and after in the
+    message's session, nearest first (a bisect in Session.seqs, never a walk of the session)."""
+    by_seq, sessions = store.by_seq, store.sessions
+
+    def neighbours(seq: int, r: int) -> tuple[list[int], list[int]]:
+        m = by_seq.get(seq)
+        if m is None:
+            return [], []
+        seqs = sessions[m.session_id].seqs
+        i = bisect.bisect_left(seqs, seq)
+        return seqs[max(0, i - r):i][::-1], seqs[i + 1:i + 1 + r]
+
+    return neighbours
+
+
+def _search_text(m: Message) -> str:
+    return m.content if m.summary is None else m.content + "\n" + m.summary
+
+
 def search_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
     by_seq = store.by_seq
     sid = a["session_id"]
@@ -321,16 +342,21 @@ def search_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
             return False
         return not tags or all(t in m.tags for t in tags)
 
-    hits = store.search.search(a["query"], a["limit"], accept, lambda d: (by_seq[d].importance, d))
+    hits = ranked_search(store.search, a["query"], a["limit"], accept, lambda d: (by_seq[d].importance, d),
+                         neighbours=session_neighbours(store), text_of=lambda d: _search_text(by_seq[d]))
     results: list[dict[str, Any]] = []
     used = 0
     for hit in hits:
         msg = by_seq[hit.doc]
         item = msg.to_dict()
-        breakdown = {"content": round(hit.content, 6), "summary": round(hit.summary, 6), "tags": round(hit.tags, 6)}
+        # the contract's three fields are the message's own score; "context" is what its session
+        # neighbours added (storaged/rank.py).  matched_fields names exactly the parts that scored:
+        # a message found only through its neighbours has matched_fields == ["context"].
+        breakdown = {"content": round(hit.content, 6), "summary": round(hit.summary, 6), "tags": round(hit.tags, 6),
+                     "context": round(hit.context, 6)}
         item["score"] = round(hit.score, 6)
         item["score_breakdown"] = breakdown
-        item["matched_fields"] = [f for f in ("content", "summary", "tags") if breakdown[f] > 0]
+        item["matched_fields"] = [f for f in ("content", "summary", "tags", "context") if breakdown[f] > 0]
         item["relation_count"] = len(msg.relations) + len(store.relations.incoming_of(msg.message_id))
         size = message_json_bytes(msg) + 200
         if a["context_size"] > 0:

@@ -536,7 +536,9 @@ def test_search_filters_and_no_state_change(store):
     assert {k: v for k, v in store.health().items() if k != "memory_estimate"} == \
         {k: v for k, v in health.items() if k != "memory_estimate"}
     update(store, a["message_id"], content="nothing relevant")
-    assert a["message_id"] not in found()
+    # its own text no longer matches: it can only come back through its session neighbour b, and says so
+    hit = {r["message_id"]: r for r in search(store, query="database")["results"]}[a["message_id"]]
+    assert hit["matched_fields"] == ["context"] and hit["score_breakdown"]["content"] == 0
     delete(store, b["message_id"])
     assert found() == {c["message_id"]}
 
