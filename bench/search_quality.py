@@ -371,12 +371,13 @@ def main() -> None:
             )
         if key == "locomo":
             cats = sorted(res["ours"]["by_category"])
-            print("  recall@10 by category: " + "  ".join(
-                f"{c}: ours {res['ours']['by_category'][c]['recall@10']:.3f} / "
-                f"core {res['ours_no_context']['by_category'][c]['recall@10']:.3f} / "
-                f"FTS5 {res['fts5_all_words']['by_category'][c]['recall@10']:.3f}"
-                for c in cats
-            ))
+            for at in ("recall@5", "recall@10"):
+                print(f"  {at} by category: " + "  ".join(
+                    f"{c}: ours {res['ours']['by_category'][c][at]:.3f} / "
+                    f"core {res['ours_no_context']['by_category'][c][at]:.3f} / "
+                    f"FTS5 {res['fts5_all_words']['by_category'][c][at]:.3f}"
+                    for c in cats
+                ))
     ja = out["japanese"]
     print(f"\nJapanese (no spaces): {ja['docs']} messages, {ja['queries']} queries")
     print(f"  {'engine':52} {'R@1':>6} {'R@5':>6} {'R@10':>6} {'top1 ok':>8}")

@@ -14,8 +14,11 @@ open-domain (cat 3) questions at recall@5, because a turn between two matching t
 both; max(0.55, 0.3) gives 0.763 with every category at or above the core alone.
 
 Bounded work, never a scan of a session: the core gives a pool of the best candidates by their own
-score (POOL docs, filtered and unfiltered); only the messages within R places of those are looked at,
-and their own scores come from SearchIndex.score_docs (a binary search per query list).  Filters
+score (POOL docs, filtered and unfiltered); only the messages within R places of those can be
+returned, and neighbours() is asked once per pool doc (a window of ±2R places, which holds the ±R of
+each of them).  The window docs' own scores come from the search's own accumulator
+(SearchIndex.search_scored → QueryScores: a dict lookup, plus a merge with any list MaxScore left
+unscanned), and the context shares of all windows are computed together in a few C-level passes.  Filters
 decide what is *returned*; a neighbour's text counts whatever its kind, tier or tags.  A message that
 matches nothing itself can be returned through its neighbours: its own share is 0, the context share
 says why it is there.
@@ -28,6 +31,8 @@ message that only shares some bigrams (ありがとう vs あります) or holds
 from __future__ import annotations
 
 from heapq import nlargest
+from itertools import compress
+from operator import add
 from typing import Callable, NamedTuple, Sequence
 
 from storaged.tokenize import normalize, query_runs
@@ -84,7 +89,7 @@ def ranked_search(
         return []
     radius = len(weights) if neighbours is not None else 0
     pool_n = max(POOL_MIN, POOL_FACTOR * limit)
-    hits = index.search(query, pool_n, None if radius else accept, tiebreak, fields)
+    hits, scorer = index.search_scored(query, pool_n, None if radius else accept, tiebreak, fields)
     own: dict[int, tuple[float, float, float]] = {h.doc: (h.content, h.summary, h.tags) for h in hits}
     pool = list(own)
     if radius and accept is not None and sum(map(accept, pool)) < limit:
@@ -95,58 +100,86 @@ def ranked_search(
                 pool.append(h.doc)
     if not own:
         return []
+    total = {d: c + s + t for d, (c, s, t) in own.items()}  # own score, all fields
 
-    phrases = _phrase_runs(query) if text_of is not None else []
-    around: dict[int, tuple[Sequence[int], Sequence[int]]] = {}
-    eligible = pool
+    # Every doc within `radius` of the pool may be returned.  One call per pool doc fetches its
+    # window of ±2·radius places, which holds the ±radius of each of those docs (a window is cut
+    # short only by its session's ends), so nothing else is looked up and no session is walked.
+    # The windows lie side by side in one row, `radius` empty places between them, so the context
+    # share of every eligible doc comes from a few C-level passes over the row, not doc by doc.
+    row: list = []  # docs, None for the gaps
+    mid = bytearray()  # 1 where the doc is within `radius` of its window's pool doc
     if radius:
-        eligible = list(pool)
-        seen = set(pool)
+        gap = [None] * radius
+        r2 = 2 * radius
+        full = bytes(2 * radius) + b"\x01" * (r2 + 1) + bytes(radius)  # a window not cut short
         for d in pool:
-            nb = around[d] = neighbours(d, radius)
-            for side in nb:
-                for e in side:
-                    if e not in seen:
-                        seen.add(e)
-                        eligible.append(e)
-        if accept is not None:
-            eligible = [d for d in eligible if accept(d)]
-        # own scores of everything within `radius` of an eligible doc
-        need = set()
-        for d in eligible:
-            nb = around.get(d)
-            if nb is None:
-                nb = around[d] = neighbours(d, radius)
-            for side in nb:
-                need.update(side)
-        need.difference_update(own)
+            before, after = neighbours(d, r2)
+            c, a = len(before), len(after)
+            row += gap
+            row += reversed(before)
+            row.append(d)
+            row += after
+            if c == a == r2:
+                mid += full
+            else:
+                mid += bytes(max(0, c - radius) + radius)
+                mid += b"\x01" * (min(c, radius) + 1 + min(a, radius))
+                mid += bytes(max(0, a - radius))
+        row += gap
+        mid += bytes(radius)
+        need = set(row)
+        need.discard(None)
+        need.difference_update(total)
         if need:
-            own.update(index.score_docs(query, need, fields))
+            total.update(scorer.totals(need))
 
-    if phrases and 0 in fields:
-        best = max(sum(v) for v in own.values())
-        bonus = best / len(phrases)
-        for d in list(own):
-            text = normalize(text_of(d))
-            n = sum(1 for p in phrases if p in text)
-            if n:
-                c, s, t = own[d]
-                own[d] = (c + n * bonus, s, t)
+    phrases = _phrase_runs(query) if text_of is not None and 0 in fields else []
+    bonus_of: dict[int, float] = {}
+    if phrases:
+        bonus = max(total.values()) / len(phrases)
+        for d, v in total.items():
+            if v > 0:
+                text = normalize(text_of(d))
+                n = sum(1 for p in phrases if p in text)
+                if n:
+                    bonus_of[d] = n * bonus
+        for d, b in bonus_of.items():
+            total[d] += b
 
+    get = total.get
+    scored = []  # (final score, doc, context share)
+    if radius:
+        vals = [get(x, 0.0) for x in row]
+        n = len(row) - radius
+        keep = mid[radius:n]
+        own_v = list(compress(vals[radius:n], keep))
+        ctx = [0.0] * len(own_v)
+        for k, w in enumerate(weights, 1):
+            better = map(max, compress(vals[radius - k:n - k], keep), compress(vals[radius + k:n + k], keep))
+            ctx = list(map(add, ctx, map(w.__mul__, better)))
+        # doc → (final, context share, own); a doc in several windows gets the same numbers in each
+        cand = dict(zip(compress(row[radius:n], keep), zip(map(add, own_v, ctx), ctx, own_v)))
+        scored = [(f, d, x) for d, (f, x, v) in cand.items()
+                  if f > 0 and (v > 0 or not own_match) and (accept is None or accept(d))]
+    else:
+        for d in pool:
+            v = get(d, 0.0)
+            if v > 0:
+                scored.append((v, d, 0.0))
+    if tiebreak is None:
+        best = nlargest(limit, scored)
+    else:
+        best = nlargest(limit, scored, key=lambda x: (x[0], tiebreak(x[1])))
+
+    # the per-field breakdown of the finalists found only through the context stage
+    missing = [d for _, d, _ in best if d not in own and d in total]
+    if missing:
+        own.update(scorer.fields(missing))
     zero = (0.0, 0.0, 0.0)
     out = []
-    for d in eligible:
+    for _, d, ctx in best:
         c, s, t = own.get(d, zero)
-        ctx = 0.0
-        if radius:
-            before, after = around[d]
-            for k, w in enumerate(weights):
-                b = sum(own.get(before[k], zero)) if k < len(before) else 0.0
-                a = sum(own.get(after[k], zero)) if k < len(after) else 0.0
-                ctx += w * (b if b > a else a)
-        total = c + s + t + ctx
-        if total > 0 and (not own_match or c + s + t > 0):
-            out.append(RankedHit(d, total, c, s, t, ctx))
-    if tiebreak is None:
-        return nlargest(limit, out, key=lambda h: (h.score, h.doc))
-    return nlargest(limit, out, key=lambda h: (h.score, tiebreak(h.doc)))
+        c += bonus_of.get(d, 0.0)
+        out.append(RankedHit(d, c + s + t + ctx, c, s, t, ctx))
+    return out

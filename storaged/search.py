@@ -47,13 +47,13 @@ from array import array
 from bisect import bisect_left
 from collections import Counter
 from heapq import heapify, heappop, nlargest
-from itertools import accumulate, compress
+from itertools import accumulate, compress, repeat
 from operator import and_
 from typing import Any, Callable, NamedTuple, Sequence
 
 from storaged.tokenize import index_terms, query_runs
 
-__all__ = ["Hit", "SearchIndex"]
+__all__ = ["Hit", "QueryScores", "SearchIndex"]
 
 FIELDS = ("content", "summary", "tags")
 
@@ -235,6 +235,30 @@ class _TermList:
                 if k is not None:
                     scores[i] += w * table[k]
 
+    def merge_into(self, cands: list, scores: list) -> None:
+        """probe() for candidates that come in runs of near slots (session windows): a galloping
+        merge of the two sorted sequences, a binary search on each side per gap, so the cost
+        follows the matches and the runs, never the length of the list."""
+        slots = self.slots
+        if type(slots) is int or len(slots) < len(cands):
+            self.probe(cands, scores)
+            return
+        w, table, keys = self.w, self.table, self.keys
+        n, m = len(slots), len(cands)
+        i = j = 0
+        while i < m:
+            j = bisect_left(slots, cands[i], j)
+            if j == n:
+                return
+            s = slots[j]
+            if cands[i] != s:
+                i = bisect_left(cands, s, i + 1)
+                if i == m or cands[i] != s:
+                    continue
+            scores[i] += w * table[keys[j]]
+            i += 1
+            j += 1
+
     def value(self, s: int) -> float:
         slots = self.slots
         if type(slots) is int:
@@ -319,6 +343,16 @@ class _MaterialList:
 
     def value(self, s: int) -> float:
         return self.vals.get(s, 0.0)
+
+
+def _field_scores(lists: list, cands: list) -> list[list[float]]:
+    """Per field, the exact scores of the sorted slots ``cands``: each list merged once with them
+    (probe walks the shorter side), not a binary search per (slot, list)."""
+    per = [[0.0] * len(cands) for _ in FIELDS]
+    if cands:
+        for tl in lists:
+            tl.probe(cands, per[tl.field])
+    return per
 
 
 def _best_first(acc: dict, slots):
@@ -416,6 +450,67 @@ def _note_char_term(ct: dict[str, array], term: str, tid: int) -> None:
                 ct[c] = array("I", (tid,))
             else:
                 a.append(tid)
+
+
+class QueryScores:
+    """Own scores (the same numbers search() gives) of any doc for one query, read off what the
+    search already computed, for stages that score docs it did not return (storaged/rank.py:
+    session neighbours of the candidates).
+
+    Why: search() scanned lists[:i] in full into its accumulator (slot → partial score), so a doc's
+    score is one dict lookup there, plus, only for the lists MaxScore left unscanned (long, low-idf
+    ones), one merge of the sorted docs with each such list (_TermList.probe) — not a binary search
+    per (doc, list).  Most queries are scanned whole: then no posting list is touched at all.
+    Valid until the index next changes (it is used within one request)."""
+
+    __slots__ = ("_index", "_lists", "_acc", "_rest")
+
+    def __init__(self, index: "SearchIndex", lists: list, acc: dict, i: int) -> None:
+        self._index = index
+        self._lists = lists
+        self._acc = acc
+        self._rest = lists[i:]
+
+    def _slots(self, docs) -> dict[int, int]:
+        """slot → doc for the docs that are indexed and live."""
+        dm, alive = self._index._docmap, self._index._alive
+        arr, extra = dm.arr, dm.extra.get
+        n = len(arr)
+        out = {}
+        for d in docs:
+            s = arr[d] if 0 <= d < n else extra(d, -1)
+            if s >= 0 and alive[s]:
+                out[s] = d
+        return out
+
+    def totals(self, docs) -> dict[int, float]:
+        """doc → own score over all searched fields, for the given docs that score anything."""
+        if not self._rest:
+            # docmap holds live slots only (-1 for the rest, which acc never holds): all in C
+            docs = list(docs)
+            dm = self._index._docmap
+            if not docs or not dm.extra and 0 <= min(docs) and max(docs) < len(dm.arr):
+                vals = list(map(self._acc.get, map(dm.arr.__getitem__, docs), repeat(0.0)))
+                return dict(compress(zip(docs, vals), vals))
+        by_slot = self._slots(docs)
+        if not by_slot:
+            return {}
+        get = self._acc.get
+        if not self._rest:
+            return {d: v for s, d in by_slot.items() if (v := get(s))}
+        cands = sorted(by_slot)
+        scores = [get(s, 0.0) for s in cands]
+        for tl in self._rest:
+            getattr(tl, "merge_into", tl.probe)(cands, scores)
+        return {by_slot[s]: v for s, v in zip(cands, scores) if v}
+
+    def fields(self, docs) -> dict[int, tuple[float, float, float]]:
+        """doc → exact own score per field (content, summary, tags), summed as search() sums its
+        hits, for the given docs that score anything."""
+        by_slot = self._slots(docs)
+        cands = sorted(by_slot)
+        c, s, t = _field_scores(self._lists, cands)
+        return {by_slot[x]: (c[j], s[j], t[j]) for j, x in enumerate(cands) if c[j] or s[j] or t[j]}
 
 
 class SearchIndex:
@@ -827,7 +922,19 @@ class SearchIndex:
         tiebreak: Callable[[int], tuple] | None = None,
         fields: tuple[int, ...] = (0, 1, 2),
     ) -> list[Hit]:
-        """The ``limit`` best acceptable docs ordered by score then ``tiebreak`` (default: doc), both
+        """See search_scored(): the same hits, without the scorer."""
+        return self.search_scored(query, limit, accept, tiebreak, fields)[0]
+
+    def search_scored(
+        self,
+        query: str,
+        limit: int,
+        accept: Callable[[int], bool] | None = None,
+        tiebreak: Callable[[int], tuple] | None = None,
+        fields: tuple[int, ...] = (0, 1, 2),
+    ) -> tuple[list[Hit], "QueryScores"]:
+        """(hits, scorer): ``scorer`` (QueryScores) gives the own score of any other doc for the
+        same query from what this search already computed (for storaged/rank.py).  ``hits``: the ``limit`` best acceptable docs ordered by score then ``tiebreak`` (default: doc), both
         descending. ``fields`` (indexes into FIELDS) restricts which fields may match.
 
         The work of one call is bounded, so no query can stall the daemon for everyone else:
@@ -847,10 +954,10 @@ class SearchIndex:
         docs are returned, never in their scores: every Hit's score and breakdown are exact.
         """
         if limit <= 0 or not self._live:
-            return []
+            return [], QueryScores(self, [], {}, 0)
         lists = self._query_lists(query, fields)
         if not lists:
-            return []
+            return [], QueryScores(self, [], {}, 0)
         lists.sort(key=lambda tl: -tl.ub)
         n = len(lists)
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
@@ -889,6 +996,7 @@ class SearchIndex:
             since_check += size
             i += 1
 
+        scorer = QueryScores(self, lists, acc, i)  # acc holds lists[:i] in full, for every doc
         if top is not None:
             # MaxScore's second phase: no doc outside acc can reach the `limit` verified docs in
             # `top`, so the remaining lists are only probed for the docs of acc that still can.
@@ -922,48 +1030,12 @@ class SearchIndex:
         pool = self._top_pool(acc, limit, ok)
 
         # Exact per-field scores for the finalists, then the final order.
-        hits = []
-        for s in pool:
-            fs = [0.0, 0.0, 0.0]
-            for tl in lists:
-                v = tl.value(s)
-                if v:
-                    fs[tl.field] += v
-            hits.append(Hit(slot_doc[s], fs[0] + fs[1] + fs[2], fs[0], fs[1], fs[2]))
+        pool.sort()
+        c, sm, t = _field_scores(lists, pool)
+        hits = [Hit(slot_doc[s], c[j] + sm[j] + t[j], c[j], sm[j], t[j]) for j, s in enumerate(pool)]
         if tiebreak is None:
-            return nlargest(limit, hits, key=lambda h: (h.score, h.doc))
-        return nlargest(limit, hits, key=lambda h: (h.score, tiebreak(h.doc)))
-
-    def score_docs(self, query: str, docs, fields: tuple[int, ...] = (0, 1, 2)) -> dict[int, tuple[float, float, float]]:
-        """Exact per-field scores (content, summary, tags) of the given docs for ``query``: the same
-        numbers search() gives them.  Docs not indexed or scoring nothing are left out.  Costs a
-        binary search per doc and query list, so post-scoring stages (storaged/rank.py) can score the
-        session neighbours of a few candidates without scanning anything."""
-        docmap = self._docmap
-        alive = self._alive
-        by_slot = {}
-        for d in docs:
-            s = docmap.get(d)
-            if s >= 0 and alive[s]:
-                by_slot[s] = d
-        if not by_slot:
-            return {}
-        lists = self._query_lists(query, fields)
-        cands = sorted(by_slot)
-        per = [[0.0] * len(cands) for _ in FIELDS]
-        for tl in lists:
-            # a binary search per doc: probe() would build a dict of a long list for a few hundred docs
-            value, acc = tl.value, per[tl.field]
-            for i, s in enumerate(cands):
-                v = value(s)
-                if v:
-                    acc[i] += v
-        out = {}
-        for i, s in enumerate(cands):
-            c, sm, t = per[0][i], per[1][i], per[2][i]
-            if c or sm or t:
-                out[by_slot[s]] = (c, sm, t)
-        return out
+            return nlargest(limit, hits, key=lambda h: (h.score, h.doc)), scorer
+        return nlargest(limit, hits, key=lambda h: (h.score, tiebreak(h.doc))), scorer
 
     @staticmethod
     def _shut_out(acc: dict, bound: float, limit: int, ok: Callable[[int], bool]) -> list | None:

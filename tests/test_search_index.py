@@ -492,3 +492,70 @@ def test_one_character_expansions_share_one_budget_per_query(monkeypatch):
     assert expanded  # the expansion still happens
     assert sum(tl.size for tl in expanded) <= 500 + biggest
     assert ix.search(query, 5)  # and the query still answers
+
+
+# --- QueryScores: own scores of docs a search did not return (the context stage's neighbours) --------
+
+
+def brute_fields(ix, q):
+    lists = ix._query_lists(q)
+    out = {}
+    for s in range(len(ix._slot_doc)):
+        if ix._alive[s]:
+            fs = [0.0, 0.0, 0.0]
+            for tl in lists:
+                fs[tl.field] += tl.value(s)
+            if any(fs):
+                out[ix._slot_doc[s]] = tuple(fs)
+    return out
+
+
+def test_query_scores_equal_brute_force_scanned_or_not():
+    # Zipf-like terms: most queries stop scanning early (MaxScore), so the scorer must add the
+    # unscanned lists by merging; docs arrive in runs (sessions) and some are removed or re-added
+    rng = random.Random(5)
+    vocab = [f"t{i}" for i in range(300)]
+    weights = [1 / (i + 1) for i in range(300)]
+    ix = SearchIndex()
+    for d in range(1, 3001):
+        ix.add(d, " ".join(rng.choices(vocab, weights, k=rng.randint(3, 20))),
+               " ".join(rng.choices(vocab, weights, k=3)) if d % 7 == 0 else None, ("t5",) if d % 11 == 0 else ())
+    for d in rng.sample(range(1, 3001), 200):
+        ix.remove(d)
+    for d in rng.sample(range(1, 3001), 100):
+        ix.remove(d)
+        ix.add(d, " ".join(rng.choices(vocab, weights, k=8)), None, ())
+    partial = 0
+    for _ in range(40):
+        q = " ".join(rng.choices(vocab, weights, k=rng.randint(1, 6)))
+        hits, scorer = ix.search_scored(q, 20)
+        partial += bool(scorer._rest)
+        want = brute_fields(ix, q)
+        runs = [range(c - 4, c + 5) for c in rng.sample(range(1, 3001), 30)]
+        docs = {d for r in runs for d in r} | {0, 5000, -3}  # unknown docs score nothing
+        got = scorer.totals(docs)
+        assert set(got) == {d for d in docs if d in want}, q
+        for d, v in got.items():
+            assert v == pytest.approx(sum(want[d]), rel=1e-9), (q, d)
+        fields = scorer.fields(docs)
+        assert set(fields) == set(got)
+        for d, fs in fields.items():
+            assert fs == pytest.approx(want[d], rel=1e-12)
+        for h in hits:  # a hit's numbers are the scorer's numbers
+            assert (h.content, h.summary, h.tags) == scorer.fields([h.doc])[h.doc]
+    assert partial >= 10  # the merge path was exercised
+
+
+def test_query_scores_of_a_scanned_query_touch_no_posting_list(monkeypatch):
+    # a query scanned whole: the docs' scores come from the search's accumulator alone
+    ix = make([(d, f"alpha beta filler{d % 13}") for d in range(1, 500)])
+    hits, scorer = ix.search_scored("alpha beta", 5)
+    assert not scorer._rest
+    from storaged import search as search_mod
+
+    def no(*a):
+        raise AssertionError("a posting list was read")
+
+    for name in ("probe", "value", "merge_into"):
+        monkeypatch.setattr(search_mod._TermList, name, no)
+    assert scorer.totals(range(1, 500)).keys() == set(range(1, 500))

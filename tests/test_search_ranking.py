@@ -96,8 +96,46 @@ def test_context_looks_only_near_candidates():
     hits = ranked_search(ix, "zeppelin", 10, neighbours=nb)
     assert set(ids(hits)[:2]) == {1501, 2501}
     assert set(ids(hits)) == {1499, 1500, 1501, 1502, 1503, 2499, 2500, 2501, 2502, 2503}
+    # one window per candidate, nothing else: neighbours() is asked about the two matches only
+    assert sorted(asked) == [1501, 2501]
+
+
+def test_context_equals_the_formula_on_random_sessions():
+    # final(m) = own(m) + sum_k w_k * max(own(m-k), own(m+k)) within the session, for every doc within
+    # R places of the core's pool: the windowed, batched computation must give exactly that
+    import random
+
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(60)]
+    sessions = [[" ".join(rng.choices(vocab, k=rng.randint(1, 6))) for _ in range(rng.randint(1, 12))]
+                for _ in range(120)]
+    ix, nb, _, _ = sessions_index(sessions)
+    sess = {}
+    doc = 0
+    for si, msgs in enumerate(sessions):
+        for _ in msgs:
+            doc += 1
+            sess[doc] = si
     r = len(rank.CONTEXT_WEIGHTS)
-    assert len(set(asked)) <= 2 * (2 * r + 1)
+    for _ in range(30):
+        q = " ".join(rng.choices(vocab, k=rng.randint(1, 3)))
+        for limit in (5, 20):
+            own = {h.doc: h.score for h in ix.search(q, doc)}
+            pool = [h.doc for h in ix.search(q, max(rank.POOL_MIN, rank.POOL_FACTOR * limit))]
+            near = {e for d in pool for e in range(d - r, d + r + 1) if sess.get(e) == sess[d]}
+
+            def o(e, si):
+                return own.get(e, 0.0) if sess.get(e) == si else 0.0
+
+            final = {e: own.get(e, 0.0) + sum(w * max(o(e - k, sess[e]), o(e + k, sess[e]))
+                                              for k, w in enumerate(rank.CONTEXT_WEIGHTS, 1)) for e in near}
+            want = sorted((v for v in final.values() if v > 0), reverse=True)[:limit]
+            got = ranked_search(ix, q, limit, neighbours=nb)
+            assert [h.score for h in got] == pytest.approx(want, rel=1e-9), q
+            for h in got:
+                assert h.score == pytest.approx(final[h.doc], rel=1e-9)
+                assert h.content == pytest.approx(own.get(h.doc, 0.0), rel=1e-9)
+                assert h.context == pytest.approx(final[h.doc] - own.get(h.doc, 0.0), rel=1e-9, abs=1e-12)
 
 
 def test_no_neighbours_no_context():
