@@ -44,7 +44,7 @@ import math
 import re
 import sys
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import Counter
 from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress, repeat
@@ -91,6 +91,18 @@ _SCAN_BUDGET = 100_000
 _PROBE_CANDIDATES = 1_000
 _PROBE_BUDGET = 100_000
 _ACCEPT_BUDGET = _SCAN_BUDGET  # >= the docs any query within the scan budget can reach: those stay exact
+# Sub-word/prefix matches: a Latin query word of at least _PREFIX_MIN characters (stemmed, or as
+# typed) also matches the longer vocabulary terms it begins ("postgres", "Postgre", "ｐｏｓｔｇｒｅｓ" →
+# postgresql): the _PREFIX_TERMS of them with the most docs, found among the first _PREFIX_SCAN in
+# sorted order, each weighted _PREFIX_WEIGHT × its idf capped by the exact term's, so a prefix match
+# never outweighs the same doc holding the exact term.  Tuned on LoCoMo dev (bench/search_quality.py):
+# with these values no category loses at recall@5 or @10 (more terms or a higher weight each cost a
+# question somewhere).  A query looks at most _PREFIX_QUERY_BUDGET vocabulary terms for all its words.
+_PREFIX_MIN = 6
+_PREFIX_TERMS = 1
+_PREFIX_SCAN = 256
+_PREFIX_QUERY_BUDGET = 2048
+_PREFIX_WEIGHT = 0.35
 _CJK_CHAR = re.compile(
     "[\u3005-\u3007\u3041-\u309f\u30a0-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
     "\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff"
@@ -513,6 +525,56 @@ class QueryScores:
         return {by_slot[x]: (c[j], s[j], t[j]) for j, x in enumerate(cands) if c[j] or s[j] or t[j]}
 
 
+def _prefix_candidate(term: str) -> bool:
+    """Whether a vocabulary term can be reached by a prefix: Latin, starting with a letter, longer
+    than the shortest prefix (reference numbers and CJK bigrams are never listed)."""
+    return len(term) > _PREFIX_MIN and term[0].isalpha() and not _CJK_CHAR.match(term)
+
+
+class _PrefixVocab:
+    """The vocabulary's prefix-matchable terms in sorted order, for prefix expansion.
+
+    Built lazily on the first query that needs it (never for indexes nobody queries that way), not
+    saved by dump() (load() leaves it to be rebuilt).  New terms go to a small sorted side list
+    (insort), merged into the main list once it outgrows 1/16 of it (a linear merge);
+    freed terms stay listed and are skipped by checking the vocabulary, until they are a quarter of
+    the list and it is rebuilt.  Costs one list slot (8 bytes) per listed term: the strings are the
+    vocabulary's own."""
+
+    __slots__ = ("main", "side", "stale")
+
+    def __init__(self, vocab) -> None:
+        self.main = sorted(filter(_prefix_candidate, vocab))
+        self.side: list[str] = []
+        self.stale = 0
+
+    def add(self, term: str) -> None:
+        if _prefix_candidate(term):
+            insort(self.side, term)
+            if len(self.side) > 1024 + (len(self.main) >> 4):
+                self.main += self.side
+                self.main.sort()  # two sorted runs: timsort merges them in one linear pass
+                self.side = []
+
+    def expansions(self, prefix: str, vocab: dict, budget: list[int]) -> list[str]:
+        """Live terms longer than ``prefix`` that begin with it: at most _PREFIX_SCAN looked at per
+        list, and ``budget[0]`` for the whole query (spent in place)."""
+        out = []
+        for lst in (self.main, self.side):
+            i = bisect_left(lst, prefix)
+            part = lst[i:i + min(_PREFIX_SCAN, budget[0])]
+            budget[0] -= len(part)
+            for t in part:
+                if not t.startswith(prefix):
+                    break
+                if t != prefix and t in vocab:
+                    out.append(t)
+        return out
+
+    def nbytes(self) -> int:
+        return sys.getsizeof(self.main) + sys.getsizeof(self.side)
+
+
 class SearchIndex:
     """BM25 over content, summary and tags of each doc; see the module docstring for the layout."""
 
@@ -538,6 +600,7 @@ class SearchIndex:
         self._sweep_covers = 0
         self._tables: dict[tuple[float, int], list[float]] = {}
         self._char_terms: dict[str, array] | None = None  # built on first one-char CJK query
+        self._prefix: _PrefixVocab | None = None  # built on first query that can expand a prefix
         # memory accounting, maintained incrementally
         self._n_postings = 0
         self._n_arrays = 0
@@ -561,6 +624,8 @@ class SearchIndex:
         self._term_bytes += sys.getsizeof(term)
         if self._char_terms is not None:
             _note_char_term(self._char_terms, term, tid)
+        if self._prefix is not None:
+            self._prefix.add(term)
         return tid
 
     def add(self, doc: int, content: str, summary: str | None, tags: Sequence[str]) -> None:
@@ -704,6 +769,8 @@ class SearchIndex:
             self._free_tids.append(tid)
             self._term_bytes -= sys.getsizeof(term)
             self._char_terms = None  # it may list this tid, which will be reused
+            if self._prefix is not None:
+                self._prefix.stale += 1  # the term stays listed until a rebuild; lookups check vocab
 
     def compact(self) -> None:
         """Drop all tombstoned postings now, renumber slots densely, free terms left without
@@ -770,6 +837,7 @@ class SearchIndex:
         self._n_postings, self._n_arrays, self._n_single = n_post, n_arr, n_single
         self._maxtf_all = [max(m, default=0) for m in self._maxtf]
         self._char_terms = None
+        self._prefix = None
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -791,6 +859,8 @@ class SearchIndex:
         b += sys.getsizeof(self._slot_doc) + sys.getsizeof(self._alive) + self._docmap.nbytes()
         for (_, rows), t in self._tables.items():
             b += sys.getsizeof(t) + (rows << _DL_BITS) * _SIZEOF_FLOAT
+        if self._prefix is not None:
+            b += self._prefix.nbytes()
         if self._char_terms is not None:
             b += sys.getsizeof(self._char_terms) + sum(
                 sys.getsizeof(a) + 2 * _SIZEOF_INT for a in self._char_terms.values()
@@ -870,10 +940,59 @@ class SearchIndex:
                 if all(parts):
                     bonus = sum(tl.ub for tl in parts)
                     lists.append(_PhraseBonus(f, [tl.slots for tl in parts], bonus))
+        prefixes: dict[str, str] = {}  # prefix → the exact term of the word it came from
+        for run in runs:
+            if not run.cjk:
+                for p in (run.terms[0], run.word):
+                    if len(p) >= _PREFIX_MIN and p.isalpha():  # words, not codes ("inv2023")
+                        prefixes.setdefault(p, run.terms[0])
+        if prefixes:
+            lists.extend(self._prefix_lists(prefixes, weights, tables, fields))
         budget = [_CHAR_EXPANSION_BUDGET]  # shared by all the query's one-character runs
         for ch in dict.fromkeys(singles):
             lists.extend(self._char_lists(ch, tables, weights[ch], fields, budget))
         return lists
+
+    def _prefix_lists(self, prefixes: dict[str, str], exact: Counter, tables, fields) -> list:
+        """Lists for the vocabulary terms the query's words begin (see _PREFIX_MIN): per prefix the
+        _PREFIX_TERMS with the most docs among its first _PREFIX_SCAN, each once per query, never a
+        term the query holds exactly.  Weight _PREFIX_WEIGHT × idf, the idf capped by the exact
+        term's where the exact term is indexed in that field, so a prefix match always counts for
+        less than the exact word.  The lists are ordinary lists: the scan and probe budgets of
+        search() bound their work like any other."""
+        vocab = self._vocab
+        if self._prefix is None or self._prefix.stale * 4 > len(self._prefix.main) + 4096:
+            self._prefix = _PrefixVocab(vocab)
+        chosen: dict[str, str] = {}  # term → the exact query term it stands in for
+        budget = [_PREFIX_QUERY_BUDGET]
+        for p, base in prefixes.items():
+            if budget[0] <= 0:
+                break
+            found = [t for t in self._prefix.expansions(p, vocab, budget) if t not in exact and t not in chosen]
+            if len(found) > _PREFIX_TERMS:
+                found = nlargest(_PREFIX_TERMS, found, key=lambda t: (self._df(vocab[t]), t))
+            for t in found:
+                chosen[t] = base
+        out = []
+        for t, base in chosen.items():
+            qtf = exact[base]
+            tid = vocab[t]
+            btid = vocab.get(base)
+            for f in fields:
+                p = self._slots[f][tid]
+                if p is None:
+                    continue
+                n = self._nonempty[f]
+                idf = _idf(1 if type(p) is int else len(p), n)
+                bp = self._slots[f][btid] if btid is not None else None
+                if bp is not None:
+                    idf = min(idf, _idf(1 if type(bp) is int else len(bp), n))
+                w = _PREFIX_WEIGHT * FIELD_WEIGHTS[f] * idf * qtf
+                out.append(_TermList(f, p, self._keys[f][tid], w, tables[f], self._maxtf[f][tid]))
+        return out
+
+    def _df(self, tid: int) -> int:
+        return sum(0 if p is None else 1 if type(p) is int else len(p) for p in (sl[tid] for sl in self._slots))
 
     def _char_lists(self, ch: str, tables, qtf: int, fields: tuple[int, ...], budget: list[int]) -> list:
         """One-character CJK query: besides its unigram (indexed only where the character stood

@@ -277,6 +277,7 @@ class QueryRun(NamedTuple):
 
     terms: tuple[str, ...]
     cjk: bool
+    word: str = ""  # a Latin word as typed, normalised but not stemmed (prefix matching)
 
 
 def query_runs(query: str) -> list[QueryRun]:
@@ -287,7 +288,8 @@ def query_runs(query: str) -> list[QueryRun]:
         if run is not None:
             runs.append(QueryRun(tuple(_cjk_grams(run)), True))
             continue
-        term = _word_term(m.group("word"))
+        word = m.group("word")
+        term = _word_term(word)
         if term is not None:
-            runs.append(QueryRun((term,), False))
+            runs.append(QueryRun((term,), False, word))
     return runs

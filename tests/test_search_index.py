@@ -559,3 +559,83 @@ def test_query_scores_of_a_scanned_query_touch_no_posting_list(monkeypatch):
     for name in ("probe", "value", "merge_into"):
         monkeypatch.setattr(search_mod._TermList, name, no)
     assert scorer.totals(range(1, 500)).keys() == set(range(1, 500))
+
+
+# --- sub-word / prefix matches ------------------------------------------------------------------------
+
+
+def letters(n: int) -> str:
+    """n spelled in letters (a word, not a code): 0 → "a", 27 → "bb"."""
+    out = ""
+    while True:
+        out = chr(97 + n % 26) + out
+        n //= 26
+        if not n:
+            return out
+
+
+@pytest.mark.parametrize("query", ["postgres", "Postgre", "ｐｏｓｔｇｒｅｓ"])
+def test_prefix_of_a_longer_word_finds_it_below_an_exact_match(query):
+    ix = make([
+        (1, "we moved the orders database to PostgreSQL last week"),
+        (2, "postgres is what the team calls it"),
+        (3, "nothing relevant here"),
+    ])
+    assert ids(ix.search("PostgreSQL", 5)) == [1]
+    hits = ix.search(query, 5)
+    assert ids(hits) == [2, 1]  # the exact word first, the longer word found through its prefix
+    assert hits[1].score < 0.5 * hits[0].score and hits[1].content > 0
+
+
+def test_prefix_needs_a_long_alphabetic_word():
+    ix = make([(1, "PostgreSQL tuning"), (2, "invoice inv20231 paid")])
+    assert ix.search("post", 5) == []  # shorter than the minimum: no expansion
+    assert ix.search("inv2023", 5) == []  # codes match whole, not by prefix
+
+
+def test_prefix_vocabulary_follows_add_remove_compact_and_load():
+    ix = make([(d, f"filler text number{d}") for d in range(1, 50)])
+    assert ix.search("postgres", 5) == []  # builds the prefix vocabulary
+    assert ix._prefix is not None
+    ix.add(100, "PostgreSQL replication", None, ())  # a term new since the build
+    assert ids(ix.search("postgres", 5)) == [100]
+    for d in range(200, 1500):  # enough new terms to merge the side list into the main one
+        ix.add(d, f"brandnew{letters(d)}", None, ())
+    assert len(ix._prefix.side) < 1300
+    assert ids(ix.search("postgres", 5)) == [100]
+    assert ids(ix.search(f"brandnew{letters(1400)[:-1]}", 30))[:1] in ([d] for d in range(200, 1500)
+                                                                    if letters(d).startswith(letters(1400)[:-1]))
+    ix.remove(100)  # its terms are freed: never expanded to again
+    assert ix.search("postgres", 5) == []
+    ix.add(101, "PostgreSQL again", None, ())
+    assert ids(ix.search("postgres", 5)) == [101]
+    ix.compact()
+    assert ids(ix.search("postgres", 5)) == [101]
+    back = SearchIndex.load(msgpack.unpackb(msgpack.packb(ix.dump())))
+    assert back._prefix is None  # not saved: rebuilt on the first query that needs it
+    before = back.memory_bytes()
+    assert back.search("postgres", 5) == ix.search("postgres", 5)
+    assert back.memory_bytes() > before  # the prefix list is counted
+
+
+def test_prefix_expansion_work_is_bounded_per_query():
+    # many words, each the prefix of many terms: the vocabulary terms looked at stay within the budget
+    from storaged import search as search_mod
+
+    ix = make([(d, " ".join(f"prefixword{letters(d)}x{letters(k)}" for k in range(30))) for d in range(1, 200)])
+    seen = []
+    real = search_mod._PrefixVocab.expansions
+
+    def counting(self, prefix, vocab, budget):
+        before = budget[0]
+        out = real(self, prefix, vocab, budget)
+        seen.append(before - budget[0])
+        return out
+
+    search_mod._PrefixVocab.expansions = counting
+    try:
+        hits = ix.search(" ".join(f"prefixword{letters(d)}" for d in range(1, 200)), 5)
+    finally:
+        search_mod._PrefixVocab.expansions = real
+    assert sum(seen) <= search_mod._PREFIX_QUERY_BUDGET
+    assert hits

@@ -201,3 +201,12 @@ def test_search_messages_shows_the_context_share(store):
         {m for m in by_id if m not in (q["message_id"], a["message_id"])}
     update(store, q["message_id"], content="nothing relevant")
     assert search(store, query="pottery class", session_id="s1")["results"] == []
+
+
+def test_search_messages_finds_a_word_by_its_prefix(store):
+    m = write(store, "s1", "we moved the orders database to PostgreSQL", importance=10)["message"]
+    write(store, "s2", "the weather was fine", importance=10)
+    for q in ("postgres", "Postgre", "ｐｏｓｔｇｒｅｓ"):
+        res = search(store, query=q)["results"]
+        assert [r["message_id"] for r in res] == [m["message_id"]], q
+        assert res[0]["matched_fields"] == ["content"]
