@@ -526,9 +526,10 @@ class QueryScores:
 
 
 def _prefix_candidate(term: str) -> bool:
-    """Whether a vocabulary term can be reached by a prefix: Latin, starting with a letter, longer
-    than the shortest prefix (reference numbers and CJK bigrams are never listed)."""
-    return len(term) > _PREFIX_MIN and term[0].isalpha() and not _CJK_CHAR.match(term)
+    """Whether a vocabulary term can be reached by a prefix: longer than the shortest prefix (so
+    never a CJK term: those are one or two characters) and starting with a letter (reference
+    numbers are never listed)."""
+    return len(term) > _PREFIX_MIN and term[0].isalpha()
 
 
 class _PrefixVocab:
@@ -544,7 +545,8 @@ class _PrefixVocab:
     __slots__ = ("main", "side", "stale")
 
     def __init__(self, vocab) -> None:
-        self.main = sorted(filter(_prefix_candidate, vocab))
+        n = _PREFIX_MIN
+        self.main = sorted([t for t in vocab if len(t) > n and t[0].isalpha()])  # _prefix_candidate, inlined
         self.side: list[str] = []
         self.stale = 0
 
