@@ -190,8 +190,8 @@ SEARCH_RESULT_OUT = _obj(
     {
         **MESSAGE_FIELDS,
         "score": _NUM,
-        "score_breakdown": _obj({"content": _NUM, "summary": _NUM, "tags": _NUM}),
-        "matched_fields": {"type": "array", "items": {"type": "string", "enum": ["content", "summary", "tags"]}},
+        "score_breakdown": _obj({part: _NUM for part in L.SEARCH_SCORE_PARTS}),
+        "matched_fields": {"type": "array", "items": {"type": "string", "enum": list(L.SEARCH_SCORE_PARTS)}},
         "relation_count": _INT,
         "context_preview": NEIGHBOURS,
     },
@@ -266,8 +266,10 @@ SEARCH_DESC = (
     f"(a JSON object as a string: kinds [{_choices(L.MEMORY_KINDS)}] and tiers [{_choices(L.MEMORY_TIERS)}] "
     "match any listed value, tags must all be present; categories combine with AND), min_importance, and "
     "context_size (neighbouring messages to attach to each hit). Returns {\"results\":[{...message fields, "
-    "score, score_breakdown{content,summary,tags}, matched_fields, relation_count, context_preview?}]}. "
-    "Search never changes stored state. " + _ERRORS
+    "score, score_breakdown{content,summary,tags,context}, matched_fields, relation_count, context_preview?}]}. "
+    "A message's score also takes in its neighbours in the same session (a reply like \"yes, twice\" is "
+    "found through the question before it): that share is score_breakdown.context, and a message found only "
+    "that way has matched_fields [\"context\"]. Search never changes stored state. " + _ERRORS
 )
 DELETE_DESC = (
     "Delete a message (logically): it disappears from reads and searches at once; its text is removed "

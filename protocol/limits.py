@@ -82,3 +82,8 @@ CLOCK_SKEW_MAX_MS = 24 * 3600 * 1000
 # A retry with the same request_id within this many seconds is applied at most once (besides the
 # count cap of the daemon's window). Older request ids are forgotten, at the latest by rebuild_index.
 REQUEST_ID_RETENTION_S = 24 * 3600
+
+# search_messages: the parts of a result's score (score_breakdown) and what matched_fields may name. The
+# contract's three fields score the message itself; "context" is the share its session neighbours gave it
+# (a message found only through them has matched_fields == ["context"]).
+SEARCH_SCORE_PARTS = ("content", "summary", "tags", "context")

@@ -356,7 +356,7 @@ def search_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
                      "context": round(hit.context, 6)}
         item["score"] = round(hit.score, 6)
         item["score_breakdown"] = breakdown
-        item["matched_fields"] = [f for f in ("content", "summary", "tags", "context") if breakdown[f] > 0]
+        item["matched_fields"] = [f for f in L.SEARCH_SCORE_PARTS if breakdown[f] > 0]
         item["relation_count"] = len(msg.relations) + len(store.relations.incoming_of(msg.message_id))
         size = message_json_bytes(msg) + 200
         if a["context_size"] > 0:
