@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from protocol import errors as E
-from protocol.config import pid_path
+from protocol.config import DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, pid_path
 
 from .client import DaemonClient, ipc_path
 
@@ -24,13 +24,9 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 20.0
 PING_INTERVAL_S = 0.05
 LOG_NAME = "storaged.log"
-# The daemon's exit status when another daemon already holds the data dir's lock.
-EXIT_LOCKED = 3
 # After a daemon could not start, calls in the next seconds get that failure at once (no new attempt).
 FAILURE_HOLD_S = 2.0
 OUTPUT_MAX = 64 * 1024
-# The prefix of the daemon's one-line start-up failures (storaged.__main__.fail).
-FAIL_PREFIX = "convmem-storaged: "
 
 
 class _Output:
@@ -60,8 +56,8 @@ class _Output:
         """The daemon's own one-line reason (without a traceback, without its prefix)."""
         lines = [ln.strip() for ln in self.buf.decode("utf-8", "replace").splitlines() if ln.strip()]
         for line in reversed(lines):
-            if line.startswith(FAIL_PREFIX):
-                return line[len(FAIL_PREFIX):]
+            if line.startswith(DAEMON_FAIL_PREFIX):
+                return line[len(DAEMON_FAIL_PREFIX):]
         return None
 
     def close(self) -> None:
@@ -154,7 +150,7 @@ class Spawner:
                 if code is not None and code < 0:  # killed, not a daemon that cannot start: try again later
                     log.warning("the storage daemon was killed (signal %d) while starting", -code)
                     return False
-                if code is not None and code != EXIT_LOCKED:
+                if code is not None and code != DAEMON_EXIT_LOCKED:
                     output.drain()
                     return self._failed(output.cause() or f"it exited with status {code}; see "
                                         f"{os.path.join(self.data_dir, LOG_NAME)}")

@@ -10,6 +10,10 @@ from collections.abc import Mapping
 RUN_DIR_NAME = "run"
 SOCKET_NAME = "storaged.sock"
 PID_NAME = "storaged.pid"
+# How the daemon ends a start it cannot make, as the front-end that started it reads it: one stderr line
+# with this prefix, and this exit status when another daemon already owns the data directory.
+DAEMON_FAIL_PREFIX = "convmem-storaged: "
+DAEMON_EXIT_LOCKED = 3
 # The store's identity: a random id written once at the first start, reported by ping, so a front-end
 # can tell its own daemon from one serving another data directory on the same endpoint.
 STORE_ID_NAME = "store-id"

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import zmq
 
-from protocol.config import curve_clients_dir, default_data_dir, default_endpoint
+from protocol.config import DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, curve_clients_dir, default_data_dir, default_endpoint
 
 from . import datadir, identity
 from .salvage import salvage
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def fail(msg: str, code: int) -> int:
-    print(f"convmem-storaged: {msg}", file=sys.stderr)
+    print(f"{DAEMON_FAIL_PREFIX}{msg}", file=sys.stderr)
     return code
 
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lock.acquire()
     except datadir.AlreadyRunning as exc:
-        return fail(str(exc), 3)
+        return fail(str(exc), DAEMON_EXIT_LOCKED)
     except OSError as exc:
         return fail(f"cannot use the data directory {data_dir}: {exc.strerror}", 2)
     try:

@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:  # running from a checkout without the package ins
 
 from daemon_proc import Daemon  # noqa: E402
 
-from protocol.config import run_dir  # noqa: E402
+from protocol.config import pid_path  # noqa: E402
 
 PYTHON = sys.executable
 
@@ -93,7 +93,7 @@ def daemon_pids(data_dir: Path | str) -> list[int]:
 
 def pid_file(data_dir: Path | str) -> int | None:
     try:
-        return int(Path(run_dir(str(data_dir)), "storaged.pid").read_text().strip())
+        return int(Path(pid_path(str(data_dir))).read_text().strip())
     except (OSError, ValueError):
         return None
 
