@@ -25,7 +25,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from admin_cli import CONVMEM, ROOT, cli_cmd, cli_env, convmem, out_json  # noqa: E402
+from admin_cli import CONVMEM, ROOT, FakeTty, cli_cmd, cli_env, convmem, out_json  # noqa: E402
 from daemon_proc import DaemonPool, pid_alive, pids_mentioning  # noqa: E402
 from protocol.config import pid_path  # noqa: E402
 from ulid import ULID  # noqa: E402
@@ -250,24 +250,13 @@ def test_rebuild_still_works_through_the_backend(world):
 
 
 # ------------------------------------------------------------------------------ progress line
-class Tty:
-    def __init__(self):
-        self.text = ""
 
-    def isatty(self):
-        return True
-
-    def write(self, s):
-        self.text += s
-
-    def flush(self):
-        pass
 
 
 def test_a_warning_clears_the_progress_line_and_redraws_it_below():
     from admin.progress import Progress, say
 
-    tty = Tty()
+    tty = FakeTty()
     p = Progress("imported", total=100, stream=tty, interval=0)
     p.advance(10)
     drawn = tty.text
@@ -284,7 +273,7 @@ def test_a_warning_clears_the_progress_line_and_redraws_it_below():
 def test_progress_of_an_import_file_has_an_eta_from_its_size():
     from admin.progress import Progress
 
-    p = Progress("imported", stream=Tty(), interval=0, total_bytes=1000)
+    p = Progress("imported", stream=FakeTty(), interval=0, total_bytes=1000)
     p.start = time.monotonic() - 10.0
     p.bytes_done = 250
     p.advance(500)

@@ -32,7 +32,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from admin_cli import cli_cmd, cli_env, convmem, out_json, read_jsonl  # noqa: E402
+from admin_cli import FakeTty, cli_cmd, cli_env, convmem, out_json, read_jsonl  # noqa: E402
 from daemon_proc import DaemonPool  # noqa: E402
 from protocol import errors as E  # noqa: E402
 from protocol import limits as L  # noqa: E402
@@ -528,24 +528,11 @@ def test_progress_on_a_terminal_and_silence_elsewhere(world, tmp_path):
 def test_progress_line_has_rate_and_eta():
     from admin.progress import Progress, format_seconds
 
-    class Tty:
-        def __init__(self):
-            self.text = ""
-
-        def isatty(self):
-            return True
-
-        def write(self, s):
-            self.text += s
-
-        def flush(self):
-            pass
-
-    class Pipe(Tty):
+    class Pipe(FakeTty):
         def isatty(self):
             return False
 
-    p = Progress("imported", total=1000, stream=Tty(), interval=0)
+    p = Progress("imported", total=1000, stream=FakeTty(), interval=0)
     p.start = time.monotonic() - 2.0
     p.advance(250)
     assert re.search(r"^\rimported: 250 / 1,000 \(1\d\d/s, ETA \d+s\)", p.stream.text), p.stream.text
