@@ -53,7 +53,6 @@ RESPONSE_BUDGET_BYTES = 8 * MiB
 # The wire: a request frame can carry a 1 MiB content plus its metadata and JSON escaping.
 MAX_REQUEST_BYTES = 4 * MiB
 MAX_NESTING_DEPTH = 8
-REQUEST_ID_MAX_BYTES = 64
 # How long the daemon remembers a mutation's request id: a retry with the same id within it is applied
 # at most once.
 REQUEST_ID_RETENTION_S = 24 * 3600
