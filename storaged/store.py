@@ -47,6 +47,13 @@ BACKGROUND_SUFFIX = ".bg.tmp"  # a snapshot being written by a forked child
 RID_WINDOW = 16384
 
 
+def check_revision(msg: Message, expected: int | None) -> None:
+    """The CONFLICT rule of update_message and of the content view: an ``expected_revision``, when
+    given, must be the message's current revision."""
+    if expected is not None and expected != msg.revision:
+        raise ProtocolError(E.CONFLICT, "expected_revision does not match the message's current revision")
+
+
 class Store:
     def __init__(self, data_dir: str, io: FileIO | None = None) -> None:
         self.dir = os.path.abspath(data_dir)
@@ -418,6 +425,15 @@ class Store:
         if self.sessions[new.session_id].min_ts != started:
             self.session_order.invalidate()
 
+    # ------------------------------------------------------------------ lookups
+    def live(self, message_id: str) -> Message:
+        """The live message ``message_id`` names, or NOT_FOUND: the rule of update_message and of the
+        content and context views."""
+        msg = self.by_id.get(message_id)
+        if msg is None:
+            raise ProtocolError(E.NOT_FOUND, "message_id names no live message")
+        return msg
+
     # ------------------------------------------------------------------ mutations
     def _check_writable(self) -> None:
         if self.corrupt is not None:
@@ -426,7 +442,8 @@ class Store:
             raise ProtocolError(E.IO_ERROR, "the log cannot be written safely since an earlier I/O failure; "
                                             "restart the daemon")
         if self.rebuilding:
-            raise ProtocolError(E.BUSY, "rebuild_index is running; retry shortly", retry_after_ms=250)
+            raise ProtocolError(E.BUSY, "rebuild_index is running; retry shortly",
+                                retry_after_ms=L.BUSY_RETRY_AFTER_MS)
 
     def _append(self, record: list[Any]) -> int:
         """Append durably; returns the framed size. A failure changes nothing and raises IO_ERROR."""
@@ -500,11 +517,8 @@ class Store:
         repeat = self._repeat(rid, "u")
         if repeat is not None:
             return repeat
-        old = self.by_id.get(args["message_id"])
-        if old is None:
-            raise ProtocolError(E.NOT_FOUND, "message_id names no live message")
-        if args["expected_revision"] is not None and args["expected_revision"] != old.revision:
-            raise ProtocolError(E.CONFLICT, "expected_revision does not match the message's current revision")
+        old = self.live(args["message_id"])
+        check_revision(old, args["expected_revision"])
         md = old.metadata_values()
         if args["metadata"]:
             md.update(args["metadata"])

@@ -9,14 +9,13 @@ import bisect
 import re
 from typing import Any
 
-from protocol import errors as E
 from protocol import limits as L
-from protocol.errors import ProtocolError, invalid
+from protocol.errors import invalid
 
 from . import cursor
 from .model import Message
 from .rank import ranked_search
-from .store import Store
+from .store import Store, check_revision
 
 _MESSAGE_OVERHEAD = 420  # the JSON keys and punctuation of a Message object with empty metadata
 
@@ -55,13 +54,6 @@ def read_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
     return _VIEWS[a["view"]](store, a)
 
 
-def _live(store: Store, message_id: str) -> Message:
-    msg = store.by_id.get(message_id)
-    if msg is None:
-        raise ProtocolError(E.NOT_FOUND, "message_id names no live message")
-    return msg
-
-
 # -- history --------------------------------------------------------------------------------------
 def history(store: Store, a: dict[str, Any]) -> dict[str, Any]:
     sid = a["session_id"]
@@ -95,9 +87,8 @@ def _position(pos: Any, n: int) -> list[Any]:
 
 # -- content --------------------------------------------------------------------------------------
 def content(store: Store, a: dict[str, Any]) -> dict[str, Any]:
-    msg = _live(store, a["message_id"])
-    if a["expected_revision"] is not None and a["expected_revision"] != msg.revision:
-        raise ProtocolError(E.CONFLICT, "expected_revision does not match the message's current revision")
+    msg = store.live(a["message_id"])
+    check_revision(msg, a["expected_revision"])
     data = msg.content.encode("utf-8")
     total = len(data)
     off = a["content_offset"]
@@ -128,7 +119,7 @@ def content(store: Store, a: dict[str, Any]) -> dict[str, Any]:
 
 # -- context --------------------------------------------------------------------------------------
 def context(store: Store, a: dict[str, Any]) -> dict[str, Any]:
-    msg = _live(store, a["message_id"])
+    msg = store.live(a["message_id"])
     session = store.sessions[msg.session_id]
     idx = bisect.bisect_left(session.seqs, msg.seq)
     before_seqs = session.seqs[max(0, idx - a["before"]):idx]
