@@ -157,8 +157,8 @@ class Admin:
         while True:
             reply = await self.client.request(op, args)
             err = reply.get("error") if reply.get("status") == "ERROR" else None
-            if err and err.get("code") == "BUSY" and "unavailable" not in str(err.get("message")):
-                await asyncio.sleep(err.get("retry_after_ms", 250) / 1000)  # a rebuild: wait it out
+            if err and err.get("code") in E.RETRYABLE and "unavailable" not in str(err.get("message")):
+                await asyncio.sleep(err.get("retry_after_ms", L.BUSY_RETRY_AFTER_MS) / 1000)  # a rebuild: wait it out
                 continue
             return reply
 

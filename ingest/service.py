@@ -32,6 +32,7 @@ from typing import Any
 import msgpack
 from ulid import ULID
 
+from protocol import errors as E
 from protocol import history as H
 from protocol import limits as L
 from protocol.redact import redact
@@ -159,8 +160,8 @@ class Ingester:
             if reply.get("status") != "ERROR":
                 return reply
             err = reply.get("error") or {}
-            if err.get("code") == "BUSY":
-                await self._or_stop(asyncio.sleep(max(0.05, err.get("retry_after_ms", 250) / 1000)))
+            if err.get("code") in E.RETRYABLE:
+                await self._or_stop(asyncio.sleep(max(0.05, err.get("retry_after_ms", L.BUSY_RETRY_AFTER_MS) / 1000)))
                 continue
             raise DaemonError(f"{op}: {err.get('code')}: {err.get('message')}")
 

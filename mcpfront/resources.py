@@ -25,6 +25,7 @@ from urllib.parse import quote, unquote
 
 import mcp_types as types
 
+from protocol import errors as E
 from protocol import limits as L
 
 SCHEME_PREFIX = "convmem://sessions/"
@@ -80,8 +81,8 @@ def daemon_failure(reply: dict[str, Any]) -> ResourceError:
     """A contract error from the daemon as a JSON-RPC error. The daemon's messages name fields and
     limits, never the caller's input, so they can be passed on."""
     err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-    code, message = err.get("code", "INTERNAL_ERROR"), err.get("message", "the storage daemon failed")
-    hint = " (retry shortly)" if code == "BUSY" else ""
+    code, message = err.get("code", E.INTERNAL_ERROR), err.get("message", "the storage daemon failed")
+    hint = " (retry shortly)" if code in E.RETRYABLE else ""
     return ResourceError(types.INTERNAL_ERROR, f"storage daemon: {code}: {message}{hint}")
 
 
@@ -158,7 +159,7 @@ async def read_session(call: Call, uri: str, budget: int = TEXT_BUDGET_BYTES) ->
             args["cursor"] = cursor
         reply = await call("read_messages", args)
         if reply.get("status") == "ERROR" or not isinstance(reply.get("history"), list):
-            if reply.get("status") == "ERROR" and reply.get("error", {}).get("code") == "NOT_FOUND":
+            if reply.get("status") == "ERROR" and reply.get("error", {}).get("code") == E.NOT_FOUND:
                 raise ResourceError(types.INVALID_PARAMS, "No session with this session_id")
             raise daemon_failure(reply)
         page = reply["history"]
