@@ -14,7 +14,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from protocol.config import default_data_dir, pid_path
+from protocol.config import default_data_dir, read_pid
 
 
 @dataclass
@@ -92,14 +92,11 @@ def _started_at(pid: int) -> float | None:
 def find(data_dir: str) -> Found:
     """The running storaged of ``data_dir``, checked through /proc, or why there is none."""
     try:
-        with open(pid_path(data_dir)) as f:
-            text = f.read().strip()
+        pid = read_pid(data_dir)
     except FileNotFoundError:
         return Found(None, "no pid file")
     except OSError as exc:
         return Found(None, f"cannot read its pid file ({exc.strerror})")
-    try:
-        pid = int(text)
     except ValueError:
         return Found(None, "its pid file is not a pid")
     if pid <= 0 or not running(pid):

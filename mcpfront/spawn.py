@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from protocol import errors as E
-from protocol.config import DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, pid_path
+from protocol.config import DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, read_pid
 
 from .client import DaemonClient, ipc_path
 
@@ -173,8 +173,7 @@ class Spawner:
         """True only when no daemon can be serving: the pid it recorded names no live process (or our
         own child that exited), or it stopped cleanly (no pid file, no socket). Unsure means False."""
         try:
-            with open(pid_path(self.data_dir)) as f:
-                pid = int(f.read().strip())
+            pid = read_pid(self.data_dir)
         except FileNotFoundError:
             path = ipc_path(self.endpoint)
             return path is not None and not os.path.exists(path)

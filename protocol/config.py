@@ -1,6 +1,8 @@
 """Where the data lives and where the daemon listens, computed from the environment.
 
-Pure functions of an environment mapping, so both processes (and tests) derive the same defaults.
+Pure functions of an environment mapping, so both processes (and tests) derive the same defaults,
+and the names of the files the daemon and its clients share in the data directory. One function
+reads a file: ``read_pid``, the daemon's pid as every process that looks for it reads it.
 """
 from __future__ import annotations
 
@@ -48,6 +50,15 @@ def run_dir(data_dir: str) -> str:
 def pid_path(data_dir: str) -> str:
     """The running daemon's pid (written once it listens, removed at a clean stop)."""
     return os.path.join(run_dir(data_dir), PID_NAME)
+
+
+def read_pid(data_dir: str) -> int:
+    """The pid in the daemon's pid file (one decimal line, ``storaged.datadir.write_pid``). Raises
+    FileNotFoundError when there is none (no daemon, or a clean stop), another OSError when it cannot
+    be read and ValueError when it holds no number. Whether that pid is still the daemon is the
+    caller's question: a crashed daemon leaves its pid file behind."""
+    with open(pid_path(data_dir)) as f:
+        return int(f.read().strip())
 
 
 def default_endpoint(data_dir: str, env: Mapping[str, str] = os.environ) -> str:

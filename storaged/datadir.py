@@ -17,7 +17,7 @@ import fcntl
 import os
 import stat
 
-from protocol.config import pid_path, run_dir, standard_data_dir
+from protocol.config import pid_path, read_pid, run_dir, standard_data_dir
 
 from .fileio import create_private
 
@@ -114,7 +114,10 @@ class DataDirLock:
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                holder = read_pid(self.data_dir)
+                try:
+                    holder: int | None = read_pid(self.data_dir)
+                except (OSError, ValueError):
+                    holder = None
                 who = f" (pid {holder})" if holder else ""
                 raise AlreadyRunning(
                     f"another convmem-storaged{who} already owns the data directory {self.data_dir}") from None
@@ -155,10 +158,3 @@ def remove_pid(data_dir: str) -> None:
     except FileNotFoundError:
         pass
 
-
-def read_pid(data_dir: str) -> int | None:
-    try:
-        with open(pid_path(data_dir)) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
