@@ -9,7 +9,6 @@ so an old snapshot is never applied to a new log or the reverse.
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     """Write ``log.compact`` and ``snapshot.tmp``. ``pause`` is called between batches (lets the GIL go)."""
     t0 = time.monotonic()
     io = store.io
-    salt = os.urandom(16)
+    salt = logfile.new_salt()
     msgs = list(store.by_seq.values())
     bytes_before = store.log_size()
     tmp_log = store.log_path + COMPACT_SUFFIX

@@ -45,6 +45,11 @@ def ms_prefix(ms: int) -> str:
     return "".join(_CROCKFORD[(ms >> (5 * i)) & 31] for i in range(9, -1, -1))
 
 
+def _fresh_rand() -> int:
+    """The random part of a millisecond's first id: 79 random bits, so +1 within the ms has headroom."""
+    return int.from_bytes(os.urandom(10), "big") >> 1
+
+
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -117,9 +122,9 @@ class IdClock:
             ms = self.last_id_ms
             rand = self.last_rand + 1
             if rand > _RAND_MAX:  # 2^80 ids in one millisecond: move to the next one
-                ms, rand = ms + 1, int.from_bytes(os.urandom(10), "big") >> 1
+                ms, rand = ms + 1, _fresh_rand()
         else:
-            rand = int.from_bytes(os.urandom(10), "big") >> 1  # headroom for +1 within the ms
+            rand = _fresh_rand()
         if ms > L.TIME_MS_MAX:
             # unreachable while observations are bounded (it needs a wall clock beyond the year
             # 10889); refuse rather than hand out an id that is no ULID

@@ -21,7 +21,8 @@ from .fileio import FileIO
 
 MAGIC = b"CVMEMLOG"
 FORMAT_VERSION = 2
-HEADER = struct.Struct("<8sHH16s")          # magic, version, reserved, salt
+SALT_BYTES = 16
+HEADER = struct.Struct(f"<8sHH{SALT_BYTES}s")  # magic, version, reserved, salt
 HEADER_SIZE = HEADER.size + 4               # + crc
 FRAME = struct.Struct("<II")                # length, crc
 FRAME_SIZE = FRAME.size
@@ -30,6 +31,11 @@ MAX_PAYLOAD = L.CONTENT_MAX_BYTES * 2 + 256 * 1024  # a 1 MiB message, its metad
 
 class LogCorrupt(Exception):
     pass
+
+
+def new_salt() -> bytes:
+    """The salt of a new log file (a first start, a rebuild's compacted log)."""
+    return os.urandom(SALT_BYTES)
 
 
 def make_header(salt: bytes) -> bytes:
@@ -148,7 +154,7 @@ class LogWriter:
     @classmethod
     def create(cls, io: FileIO, path: str) -> "LogWriter":
         """A new, empty log with a fresh salt, made durable before it is used."""
-        salt = os.urandom(16)
+        salt = new_salt()
         tmp = path + ".new"
         fd = io.open_new(tmp)
         try:

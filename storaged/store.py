@@ -38,6 +38,7 @@ LOG_NAME = "log"
 SNAPSHOT_NAME = "snapshot"
 COMPACT_SUFFIX = ".compact"
 CURSOR_KEY_NAME = "cursor.key"
+CURSOR_KEY_BYTES = 32  # the HMAC key of cursors and typed ids (storaged/cursor.py, handles.py)
 BACKGROUND_SUFFIX = ".bg.tmp"  # a snapshot being written by a forked child
 # Request ids remembered for exactly-once retries: at most this many, and none older than
 # L.REQUEST_ID_RETENTION_S. A retry comes seconds after its original, so this is generous; the
@@ -152,10 +153,10 @@ class Store:
         path = os.path.join(self.dir, CURSOR_KEY_NAME)
         if self.io.exists(path):
             key = bytes(self.io.read_all(path))
-            if len(key) == 32:
+            if len(key) == CURSOR_KEY_BYTES:
                 self.cursor_key = key
                 return
-        self.cursor_key = os.urandom(32)
+        self.cursor_key = os.urandom(CURSOR_KEY_BYTES)
         self.io.write_file_atomic(path, self.cursor_key)
 
     def _replay(self, buf, salvage: bool) -> None:
