@@ -1,4 +1,6 @@
-"""Every limit of the tool contract, in one place. Sizes are UTF-8 bytes unless named otherwise."""
+"""Every limit and vocabulary of the memory tools' contract, and the daemon's own bounds (the wire, the
+clock, request-id retention, retry hints), in one place. Sizes are UTF-8 bytes unless named otherwise.
+The history tools' limits live in ``protocol.history``."""
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -53,9 +55,6 @@ RESPONSE_BUDGET_BYTES = 8 * MiB
 # The wire: a request frame can carry a 1 MiB content plus its metadata and JSON escaping.
 MAX_REQUEST_BYTES = 4 * MiB
 MAX_NESTING_DEPTH = 8
-# How long the daemon remembers a mutation's request id: a retry with the same id within it is applied
-# at most once.
-REQUEST_ID_RETENTION_S = 24 * 3600
 # Bounds msgpack enforces WHILE it unpacks a request (protocol/wire.py), so that a small frame cannot
 # make the daemon build millions of objects: a frame of 4M one-byte empty maps was 615 MB and a 12-s
 # stall. Containers (maps and arrays) are what a byte of frame inflates most (~100 B of Python each);
