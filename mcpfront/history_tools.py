@@ -1,6 +1,6 @@
 """The five history tools as MCP sees them, and the envelope their results travel in.
 
-Schemas, descriptions and annotations are built from ``protocol.history`` (vocabulary, limits); the
+Schemas, descriptions and annotation hints are built from ``protocol.history`` (vocabulary, limits); the
 daemon's validation is what enforces them. A result is the interface's envelope — ``schema_version``
 (``convmem.mcp.<tool>.v1``, errors ``convmem.mcp.error.v1``), ``tool``, ``request``, ``data`` or
 ``error``, ``warnings``, ``performance.elapsed_ms`` — as ``structuredContent``, and as text a short
@@ -226,8 +226,9 @@ def output_schema(tool: str) -> dict[str, Any]:
 
 
 OUTPUT_SCHEMAS = {tool: output_schema(tool) for tool in H.HISTORY_TOOLS}
-# read_only, destructive, idempotent: all five only read
-ANNOTATIONS = {tool: (True, False, True) for tool in H.HISTORY_TOOLS}
+# destructive, idempotent: all five only read (protocol.wire.READ_ONLY_TOOLS), so neither destroys nor
+# changes anything when repeated
+HINTS = {tool: (False, True) for tool in H.HISTORY_TOOLS}
 
 assert set(INPUT_SCHEMAS) == set(DESCRIPTIONS) == set(TITLES) == set(OUTPUT_SCHEMAS) == set(H.HISTORY_TOOLS)
 

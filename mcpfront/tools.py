@@ -22,7 +22,7 @@ import mcp_types as types
 
 from protocol import limits as L
 from protocol.errors import ERROR_CODES
-from protocol.wire import HISTORY_TOOLS, TOOLS
+from protocol.wire import HISTORY_TOOLS, READ_ONLY_TOOLS, TOOLS
 
 from . import history_tools as HT
 
@@ -416,17 +416,18 @@ TITLES = {
     "get_system_health": "System health",
 }
 
-# read_only, destructive, idempotent. write/update are idempotent only when the host passes a request_id
-# (a call with the same arguments and none writes again), so they say false. Delete is idempotent (a second delete answers NOT_FOUND
-# and changes nothing); so is a rebuild.
-ANNOTATIONS: dict[str, tuple[bool, bool, bool]] = {
-    "write_message": (False, False, False),
-    "update_message": (False, True, False),
-    "read_messages": (True, False, True),
-    "search_messages": (True, False, True),
-    "delete_message": (False, True, True),
-    "rebuild_index": (False, True, True),
-    "get_system_health": (True, False, True),
+# destructive, idempotent (whether a tool only reads is protocol.wire.READ_ONLY_TOOLS). write/update are
+# idempotent only when the host passes a request_id (a call with the same arguments and none writes again),
+# so they say false. Delete is idempotent (a second delete answers NOT_FOUND and changes nothing); so is a
+# rebuild.
+HINTS: dict[str, tuple[bool, bool]] = {
+    "write_message": (False, False),
+    "update_message": (True, False),
+    "read_messages": (False, True),
+    "search_messages": (False, True),
+    "delete_message": (True, True),
+    "rebuild_index": (True, True),
+    "get_system_health": (False, True),
 }
 
 FAMILIES = {"memory": TOOLS, "history": HISTORY_TOOLS, "all": TOOLS + HISTORY_TOOLS}
@@ -437,7 +438,10 @@ INPUT_SCHEMAS.update(HT.INPUT_SCHEMAS)
 OUTPUT_SCHEMAS.update(HT.OUTPUT_SCHEMAS)
 DESCRIPTIONS.update(HT.DESCRIPTIONS)
 TITLES.update(HT.TITLES)
-ANNOTATIONS.update(HT.ANNOTATIONS)
+HINTS.update(HT.HINTS)
+# read_only, destructive, idempotent: what each tool's MCP annotations say
+ANNOTATIONS: dict[str, tuple[bool, bool, bool]] = {
+    name: (name in READ_ONLY_TOOLS, destructive, idempotent) for name, (destructive, idempotent) in HINTS.items()}
 
 assert set(INPUT_SCHEMAS) == set(OUTPUT_SCHEMAS) == set(DESCRIPTIONS) == set(ANNOTATIONS) == set(TITLES) \
     == set(ALL_TOOLS)

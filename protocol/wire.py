@@ -1,6 +1,7 @@
 """The daemon's wire format: one msgpack map per request and per reply.
 
-Request: ``{"op": str, "args": map, "request_id": ULID}``. Reply: the tool's result object exactly
+Request: ``{"op": str, "args": map, "request_id": ULID}``, plus ``"context"`` (what the front-end found
+about its launch directory) for the ops in ``history.LAUNCH_CONTEXT_TOOLS``. Reply: the tool's result object exactly
 as the contract shapes it (an error is ``{"status": "ERROR", "error": {...}}``). Decoding treats
 every byte as hostile: the size is checked before parsing, the work of unpacking is bounded while it
 happens (entries per container, containers per frame), then the nesting depth and the shape are checked.
@@ -23,13 +24,12 @@ TOOLS = (
 )
 # The second interface (agent history): five read-only tools, their own envelope and codes.
 HISTORY_TOOLS = H.HISTORY_TOOLS
-# Daemon-only ops: a liveness probe and the poll that tells a rebuild's requester how it ended.
-# import_messages / export_messages are the admin tool's batch write and full read (export/import, agent
-# transcripts); the ingest ops
-# are how transcript ingesters report progress and read back where they stopped.
+# Daemon-only ops: a liveness probe and the poll that tells a rebuild's requester how it ended;
+# import_messages / export_messages, the admin tool's and the ingester's batch write and the admin tool's
+# full read; the ingest ops, how transcript ingesters report progress and read back where they stopped.
 OPS = frozenset(TOOLS) | frozenset(HISTORY_TOOLS) | {"ping", "rebuild_status", "import_messages", "export_messages",
                                                      "ingest_heartbeat", "ingest_checkpoints"}
-MUTATING_OPS = frozenset({"write_message", "update_message", "delete_message", "rebuild_index", "import_messages"})
+# The tools that change nothing stored (their MCP annotations say read-only).
 READ_ONLY_TOOLS = frozenset({"read_messages", "search_messages", "get_system_health", *HISTORY_TOOLS})
 _ALL_VALIDATORS = {**VALIDATORS, **H.HISTORY_VALIDATORS, "ingest_heartbeat": H.validate_ingest_heartbeat,
                    "ingest_checkpoints": H.validate_ingest_checkpoints}
