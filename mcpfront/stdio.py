@@ -16,7 +16,7 @@ read for JSON that is no JSON-RPC message — the log says what was wrong and ne
 and the session goes on. Blank lines carry nothing and are skipped.
 
 Pipes, sockets and terminals work this way; anything else (a regular file on stdin) makes
-``open_stdio`` return None and the caller falls back to the SDK's transport.
+``native_stdio`` yield None and the caller falls back to the SDK's transport.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """The in-memory message: one slotted object per message, no per-message dicts.
 
 A message is stored as flat fields (tuples for lists) so that a million of them cost little more
-than their text. ``to_dict`` builds the contract's Message object only when a reply needs it.
+than their text. ``to_dict`` builds the contract's Message object only when a reply needs it;
+``fields`` / ``from_fields`` are its record form (``RECORD_FIELDS`` values), what a log record and
+a snapshot row hold.
 """
 from __future__ import annotations
 

@@ -1,13 +1,19 @@
 """The store: the in-memory state, its recovery from disk, and every mutation.
 
-A state change is first appended to the log and made durable, then applied in memory; replay at
-start applies the same records through ``_apply_record``. The live mutations build their in-memory
-objects with the same helpers (``_insert``, ``_replace``, ``_remove``, ``_apply_session_meta``,
-``IngestState.apply``) that replay uses, so what a reply said and what a restart finds agree.
+A state change is first appended to the log, then applied in memory; no reply tells of it before
+it is on disk (each append is fsync'ed, or a group-committed batch shares one fdatasync before its
+replies leave, ``storaged/server.py``). Two code paths apply records today, kept in step by hand:
+replay at start applies each record read from the log through ``_apply_record``, while a live
+mutation (``write_message``, ``update_message``, ``delete_message``, ``import_messages``) applies
+its own change directly. Both call the same helpers (``_insert``, ``_replace``, ``_remove``,
+``_apply_session_meta``, ``IngestState.apply``, ``_after_record``) and bump the same counters, so
+what a reply said and what a restart finds agree; a snapshot's messages load through
+``_bulk_load``. (One apply path for both is the scale work's, not yet done.)
 
 Besides messages (record kinds w/u/d) the log holds the history interface's session metadata
-("s": merged into what the session had) and transcript ingesters' read positions ("k"), each
-written in the same append as the events they describe.
+("s": merged into what the session had), transcript ingesters' read positions ("k"), each written
+in the same append as the events they describe, and a compacted log's checkpoint ("c": sequence,
+clock and request-id window).
 """
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
-"""The read side: read_messages' four views and search_messages, as the contract shapes them.
+"""The read side: read_messages' four views, search_messages and the admin tool's export, as the
+contract shapes them.
 
-Nothing here changes stored state (not even a counter). Every list is cut within the response
-budget; the first item of a page is always served, so paging can never stall.
+Nothing here changes stored state: no message, log record or counter. What a read may change is a
+cache: the sessions view asks ``store.session_order`` for its ordering, which is rebuilt there after
+sessions appeared, went or moved, and a search fills the tokenizer's term caches. Every list is
+cut within the response budget; the first item of a page is always served, so paging can never
+stall.
 """
 from __future__ import annotations
 
