@@ -1,5 +1,6 @@
 """``convmem``: the administrator's command line — export, import, agent transcripts, health, rebuild.
 
-It talks to the storage daemon exactly like an MCP front-end does (the same client, the same
-request ids and retries), so it needs no access to the data directory.
+It talks to the storage daemon through the same client as the MCP front-ends (the same request ids
+and retries), never to the store's files; only ``status`` and ``stop`` look into the data directory,
+at the daemon's pid file.
 """

@@ -4,7 +4,8 @@ Runs in the foreground (a supervisord program in a deployment): a pass over all 
 then one every ``--interval`` seconds, a heartbeat to the daemon all along. SIGTERM/SIGINT stop it
 after the batch in hand; its checkpoints live in the daemon's store, so the next start resumes there.
 
-Exit codes: 0 clean stop, 1 the daemon refused a batch or could not be reached, 2 bad command line.
+Exit codes: 0 clean stop, 1 the daemon refused a request or could not be started, 2 bad command line.
+A daemon that is busy or does not answer is waited for (until a stop signal), not given up on.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """``convmem-storaged``: run the storage daemon in the foreground, or repair a damaged log.
 
 Exit codes: 0 clean stop, 2 bad command line or configuration, 3 the data directory is owned by
-another live daemon, 1 anything else.
+another live daemon (``protocol.config.DAEMON_EXIT_LOCKED``), 75 a batch's shared fdatasync failed
+(``server.EXIT_FSYNC_FAILED``: nothing of it was acknowledged; a restart replays what reached the
+disk), 1 anything else.
 """
 from __future__ import annotations
 

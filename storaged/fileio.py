@@ -1,6 +1,7 @@
-"""The one layer through which the daemon touches files.
+"""The one layer through which the store touches its files: the log, the snapshot, the cursor key.
 
-Everything durable goes through here so that (1) the I/O counters of ``get_system_health`` are
+All of the store's durable I/O goes through here (the data directory's lock, pid file and store id,
+written once per start, are opened directly by ``datadir`` and ``identity``) so that (1) the I/O counters of ``get_system_health`` are
 counted where the I/O happens, and (2) tests can substitute a layer that fails on purpose (short
 writes, EIO, a power cut that drops whatever was not synced) and prove nothing acknowledged is lost.
 

@@ -1,7 +1,9 @@
-"""The in-memory indexes besides search: per-session history and the relation graph.
+"""The in-memory indexes besides search: per-session history, the relation graph, file touches.
 
-History is a sorted list of creation sequence numbers per session (keyset pages are a bisect);
-relations are stored on the message (outgoing) plus a reverse map for incoming edges.
+History is a sorted list of creation sequence numbers per session (keyset pages are a bisect), with
+the turn starts and counts the history interface needs; relations are stored on the message
+(outgoing) plus a reverse map for incoming edges; file touches are indexed by the file's base name
+for file_attention. ``IndexSizes`` estimates their memory for health without a walk per call.
 """
 from __future__ import annotations
 
