@@ -28,7 +28,7 @@ from mcpfront.spawn import Spawner
 from protocol import errors as E
 from protocol import limits as L
 from protocol import wire
-from protocol.config import default_data_dir, default_endpoint
+from protocol.config import DATA_DIR_HELP, default_data_dir, default_endpoint
 from protocol.errors import ProtocolError
 from protocol.validation import validate
 
@@ -72,8 +72,7 @@ def common_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     """The options every command takes. The main parser has the defaults; each subparser repeats the
     options with SUPPRESS defaults, so a value written after the command wins only when it is given."""
     d = (lambda v: v) if defaults else (lambda v: argparse.SUPPRESS)
-    p.add_argument("--data-dir", default=d(None),
-                   help="data directory (default: $CONVMEM_DATA_DIR, else $XDG_DATA_HOME/convmem)")
+    p.add_argument("--data-dir", default=d(None), help=DATA_DIR_HELP)
     p.add_argument("--endpoint", default=d(None),
                    help="daemon endpoint (default: $CONVMEM_ENDPOINT, else ipc:// in DATA_DIR/run)")
     p.add_argument("--no-spawn", action="store_true", default=d(False), help="never start a storage daemon")

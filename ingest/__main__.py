@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from protocol.config import default_data_dir, default_endpoint
+from protocol.config import DATA_DIR_HELP, default_data_dir, default_endpoint
 
 from .service import HARNESSES, HEARTBEAT_INTERVAL_S, DaemonError, Ingester, Totals
 
@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from mcpfront.client import DEFAULT_TIMEOUT_S
 
     p = argparse.ArgumentParser(prog="convmem-ingest", description="follow agent transcripts into the convmem store")
-    p.add_argument("--data-dir", help="data directory (default: $CONVMEM_DATA_DIR, else $XDG_DATA_HOME/convmem)")
+    p.add_argument("--data-dir", help=DATA_DIR_HELP)
     p.add_argument("--endpoint", help="daemon endpoint (default: $CONVMEM_ENDPOINT, else ipc:// in DATA_DIR/run)")
     p.add_argument("--no-spawn", action="store_true", help="never start a storage daemon (e.g. under supervisord)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per daemon request attempt")

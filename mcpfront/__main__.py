@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 epilog=f"exit status: 0 stopped cleanly, 2 bad command line or configuration, "
                                        f"{EXIT_CANNOT_LISTEN} cannot listen (--http: address in use or not "
                                        f"allowed), 130 interrupted")
-    p.add_argument("--data-dir", help="data directory (default: $CONVMEM_DATA_DIR, else $XDG_DATA_HOME/convmem)")
+    p.add_argument("--data-dir", help=config.DATA_DIR_HELP)
     p.add_argument("--endpoint", help="daemon endpoint (default: $CONVMEM_ENDPOINT, else an ipc:// socket in "
                                       "the data dir's run/ directory)")
     p.add_argument("--no-spawn", action="store_true", help="never start a storage daemon (e.g. under supervisord)")

@@ -29,6 +29,10 @@ ENV_CURVE_CLIENT_KEY_FILE = "CONVMEM_CURVE_CLIENT_KEY_FILE"
 ENV_HTTP_TOKEN_FILE = "CONVMEM_HTTP_TOKEN_FILE"
 
 
+# What every command's --data-dir help says of the default below.
+DATA_DIR_HELP = "data directory (default: $CONVMEM_DATA_DIR, else $XDG_DATA_HOME/convmem)"
+
+
 def default_data_dir(env: Mapping[str, str] = os.environ) -> str:
     if env.get("CONVMEM_DATA_DIR"):
         return os.path.abspath(env["CONVMEM_DATA_DIR"])

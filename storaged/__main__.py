@@ -19,7 +19,8 @@ from urllib.parse import urlparse
 
 import zmq
 
-from protocol.config import DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, curve_clients_dir, default_data_dir, default_endpoint
+from protocol.config import (DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, DATA_DIR_HELP, curve_clients_dir, default_data_dir,
+                             default_endpoint)
 
 from . import datadir, identity
 from .salvage import salvage
@@ -32,7 +33,7 @@ IPC_PATH_MAX = 107  # sun_path
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="convmem-storaged", description="convmem storage daemon")
-    p.add_argument("--data-dir", help="data directory (default: $CONVMEM_DATA_DIR, else $XDG_DATA_HOME/convmem)")
+    p.add_argument("--data-dir", help=DATA_DIR_HELP)
     p.add_argument("--endpoint", help="ZeroMQ endpoint (default: $CONVMEM_ENDPOINT, else ipc:// in DATA_DIR/run)")
     p.add_argument("--curve-secret-key-file", help="Z85 CURVE secret key of the daemon; required for tcp://")
     p.add_argument("--allow-non-loopback", action="store_true", help="allow a tcp:// endpoint on a non-loopback address")
