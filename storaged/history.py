@@ -9,9 +9,9 @@ session's sorted event sequence and the sorted sequence numbers of its user inpu
 
 Every reply is ``{"status": "OK", "request": <canonical request>, "data": ..., "warnings": [...]}``;
 the front-end wraps it in the envelope (schema version, tool, elapsed time). Pages are bounded by
-their limit and by ``PAGE_BUDGET_BYTES``; an event opens whole. Reads change no stored state: the
-only thing kept between calls is ``HistoryViews``' cache of session orderings, rebuilt when the
-store's ``sessions_version`` says they moved.
+their limit and by ``PAGE_BUDGET_BYTES``; an event opens whole. Reads change no stored state: what
+is kept between calls is ``HistoryViews``' cache of session orderings, rebuilt when the store's
+``sessions_version`` says they moved (and the tokenizer's term caches a search fills).
 """
 from __future__ import annotations
 

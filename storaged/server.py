@@ -5,7 +5,10 @@ ROUTER rather than REP: libzmq's REP (4.3.5) loses the next client's reply after
 multi-frame message without the REQ delimiter and went away (router_t::rollback leaves its
 ``_more_out`` set when the peer's pipe is gone). Handling the REQ envelope here avoids that path.
 
-All socket calls stay in this thread. A rebuild runs in a worker thread that only reads the
+All socket calls stay in this thread. Requests taken off the socket together are handled in order
+and share one fdatasync before any of their replies leaves (group commit, ``_serve_batch``). A
+snapshot is written now and then by a forked child that sees a frozen copy of the state, so a
+start after a crash replays a bounded tail. A rebuild runs in a worker thread that only reads the
 (frozen) state and writes temporary files; it wakes the loop through an inproc PAIR socket when
 done, and the loop installs the result. Meanwhile mutations are answered BUSY at once and reads
 are served from the unchanged state.
