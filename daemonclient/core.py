@@ -136,8 +136,8 @@ class Daemon:
                 else:
                     reply = status
         except asyncio.CancelledError:
-            log.info("rebuild_index %s: the caller cancelled; stopped waiting (the daemon finishes the rebuild "
-                     "on its own)", rid)
+            log.info("rebuild_index %s: the client cancelled the call; stopped waiting (the daemon finishes "
+                     "the rebuild on its own)", rid)
             raise
         return reply
 
