@@ -5,8 +5,8 @@ line on stderr and a distinct exit code, never a Python traceback (CONVMEM_DEBUG
 Long work shows count, rate and ETA on a terminal (stderr) and stays quiet otherwise; the final
 summary goes to stdout.
 
-The module imports no MCP SDK: the admin talks to the daemon with the front-end's DaemonClient only,
-and loads the front-end's Backend (which needs the SDK, ~1.5 s) just for ``rebuild``.
+The admin talks to the daemon through the daemon client (``daemonclient``) like every other client —
+spawn, retries, rebuild polling are its — and never imports the MCP front-end or the SDK (~1.5 s).
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ import sys
 import time
 from typing import Any, BinaryIO, TextIO
 
-from mcpfront.client import (DEFAULT_TIMEOUT_S, DaemonClient, identity_data_dir, read_curve_client_keys,
-                             read_curve_server_key)
-from mcpfront.spawn import Spawner
+from daemonclient.core import connect
+from daemonclient.replies import NO_RETRY, RETRY_BUSY, describe
+from daemonclient.transport import DEFAULT_TIMEOUT_S, read_curve_client_keys, read_curve_server_key
 from protocol import errors as E
 from protocol import limits as L
 from protocol import wire
-from protocol.config import DATA_DIR_HELP, default_data_dir, default_endpoint
+from protocol.config import DATA_DIR_HELP
 from protocol.errors import ProtocolError
 from protocol.validation import validate
 
@@ -124,42 +124,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 class Admin:
     def __init__(self, args: argparse.Namespace, spawn: bool = True) -> None:
-        self.data_dir = os.path.abspath(args.data_dir or default_data_dir())
-        self.endpoint = args.endpoint or default_endpoint(self.data_dir)
-        self.client = DaemonClient(self.endpoint, timeout=args.timeout,
-                                   curve_server_key=read_curve_server_key(args.curve_server_key_file),
-                                   curve_client_keys=read_curve_client_keys(args.curve_client_key_file),
-                                   expected_data_dir=identity_data_dir(args.data_dir, self.endpoint, self.data_dir))
-        self.spawner = None if args.no_spawn or not spawn else Spawner(self.client, self.data_dir, self.endpoint)
+        self.daemon = connect(args.data_dir, args.endpoint, timeout=args.timeout,
+                              curve_server_key=read_curve_server_key(args.curve_server_key_file),
+                              curve_client_keys=read_curve_client_keys(args.curve_client_key_file),
+                              spawn=spawn and not args.no_spawn)
+        self.data_dir, self.endpoint = self.daemon.data_dir, self.daemon.endpoint
         self.progress: Progress | None = None  # the long work under way (what an interruption reports)
         self.invalid: list[int] = []  # import: line numbers skipped as invalid messages
 
     async def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        # rebuild goes through the front-end's backend (it polls rebuild_status until the figures are in);
-        # everything else straight to the daemon
-        reply = await self._rebuild(args) if op == "rebuild_index" else await self._direct(op, args)
+        """The daemon's reply, or ``Failed``. A busy daemon (a rebuild running) is waited out, an absent
+        one is not; rebuild itself waits for its own figures but says so when another one runs."""
+        reply = await self.daemon.call(op, args, retry=NO_RETRY if op == "rebuild_index" else RETRY_BUSY)
         if reply.get("status") == "ERROR":
-            err = reply.get("error") or {}
-            raise Failed(f"{op}: {err.get('code')}: {err.get('message')}")
+            raise Failed(describe(op, reply))
         return reply
-
-    async def _rebuild(self, args: dict[str, Any]) -> dict[str, Any]:
-        from mcpfront.server import Backend  # imports the MCP SDK (~1.5 s): only for this command
-
-        return await Backend(self.client, self.spawner).call("rebuild_index", args)
-
-    async def _direct(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        if self.spawner is not None:
-            failed = await self.spawner.ensure_or_error()
-            if failed is not None:
-                return failed
-        while True:
-            reply = await self.client.request(op, args)
-            err = reply.get("error") if reply.get("status") == "ERROR" else None
-            if err and err.get("code") in E.RETRYABLE and "unavailable" not in str(err.get("message")):
-                await asyncio.sleep(err.get("retry_after_ms", L.BUSY_RETRY_AFTER_MS) / 1000)  # a rebuild: wait it out
-                continue
-            return reply
 
     # -- export -----------------------------------------------------------------------------------
     async def export(self, out: TextIO, session: str | None) -> int:
@@ -309,14 +288,7 @@ class Admin:
                 pass
         progress = self.progress = Progress(f"{harness} events")
 
-        async def request(op: str, args: dict[str, Any]) -> dict[str, Any]:
-            if self.spawner is not None:
-                failed = await self.spawner.ensure_or_error()
-                if failed is not None:
-                    return failed
-            return await self.client.request(op, args)
-
-        ingester = Ingester(request, (harness,), paths=[os.path.abspath(p) for p in paths] or None,
+        ingester = Ingester(self.daemon.call, (harness,), paths=[os.path.abspath(p) for p in paths] or None,
                             interval=interval, progress=progress.advance, stop=stop)
         totals = Totals()
         if not paths:
@@ -387,7 +359,7 @@ async def status(admin: Admin, as_json: bool) -> int:
         out["pid"] = found.pid
         if found.started_at is not None:
             out["uptime_s"] = round(max(0.0, time.time() - found.started_at), 1)
-        reply = await admin.client.request("get_system_health", {}, attempts=1)
+        reply = await admin.daemon.client.request("get_system_health", {}, attempts=1)
         if reply.get("status") == "OK":
             out["active_messages"] = reply["active_messages"]
             out["session_count"] = reply["session_count"]
@@ -495,7 +467,7 @@ async def run(args: argparse.Namespace, held: dict[str, Any] | None = None) -> i
             print(f"convmem: {exc.filename or 'a local file'}: {exc.strerror}", file=sys.stderr)
         return EXIT_OUTPUT
     finally:
-        admin.client.close()
+        admin.daemon.close()
 
 
 def _clear(admin: Admin | None) -> None:

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from protocol.config import DATA_DIR_HELP, default_data_dir, default_endpoint
+from protocol.config import DATA_DIR_HELP
 
 from .service import HARNESSES, HEARTBEAT_INTERVAL_S, DaemonError, Ingester, Totals
 
@@ -25,7 +25,7 @@ log = logging.getLogger("convmem.ingest")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from mcpfront.client import DEFAULT_TIMEOUT_S
+    from daemonclient.transport import DEFAULT_TIMEOUT_S
 
     p = argparse.ArgumentParser(prog="convmem-ingest", description="follow agent transcripts into the convmem store")
     p.add_argument("--data-dir", help=DATA_DIR_HELP)
@@ -49,39 +49,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from mcpfront.client import DaemonClient, identity_data_dir, read_curve_client_keys, read_curve_server_key
-    from mcpfront.spawn import Spawner
+    from daemonclient.core import connect
+    from daemonclient.transport import read_curve_client_keys, read_curve_server_key
 
-    data_dir = os.path.abspath(args.data_dir or default_data_dir())
-    endpoint = args.endpoint or default_endpoint(data_dir)
-    client = DaemonClient(endpoint, timeout=args.timeout,
-                          curve_server_key=read_curve_server_key(args.curve_server_key_file),
-                          curve_client_keys=read_curve_client_keys(args.curve_client_key_file),
-                          expected_data_dir=identity_data_dir(args.data_dir, endpoint, data_dir))
-    spawner = None if args.no_spawn else Spawner(client, data_dir, endpoint)
+    daemon = connect(args.data_dir, args.endpoint, timeout=args.timeout,
+                     curve_server_key=read_curve_server_key(args.curve_server_key_file),
+                     curve_client_keys=read_curve_client_keys(args.curve_client_key_file), spawn=not args.no_spawn)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    async def request(op: str, a: dict) -> dict:
-        if spawner is not None:
-            failed = await spawner.ensure_or_error()
-            if failed is not None:
-                return failed
-        return await client.request(op, a)
-
     harnesses = tuple(args.harness) if args.harness else HARNESSES
-    ingester = Ingester(request, harnesses, interval=args.interval, stop=stop)
+    ingester = Ingester(daemon.call, harnesses, interval=args.interval, stop=stop)
     totals = Totals()
-    log.info("following %s transcripts into %s (every %.0f s)", ", ".join(harnesses), endpoint, args.interval)
+    log.info("following %s transcripts into %s (every %.0f s)", ", ".join(harnesses), daemon.endpoint, args.interval)
     try:
         await ingester.run(watch=not args.once, totals=totals)
     except DaemonError as exc:
         log.error("%s", exc)
         return 1
     finally:
-        client.close()
+        daemon.close()
         print(json.dumps(totals.report()), flush=True)
     return 0
 

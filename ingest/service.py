@@ -32,7 +32,7 @@ from typing import Any
 import msgpack
 from ulid import ULID
 
-from protocol import errors as E
+from daemonclient.replies import RETRY_AWAY, describe
 from protocol import history as H
 from protocol import limits as L
 from protocol.redact import redact
@@ -131,7 +131,7 @@ class Ingester:
                  env: Mapping[str, str] | None = None, home: str | None = None,
                  paths: list[str] | None = None, interval: float = HEARTBEAT_INTERVAL_S,
                  progress: Callable[[int], None] | None = None, stop: asyncio.Event | None = None) -> None:
-        self.request = request               # async (op, args) -> reply, the daemon client's request
+        self.request = request               # the daemon client's call: async (op, args, retry=...) -> reply
         self.harnesses = harnesses
         self.env = dict(os.environ if env is None else env)
         self.home = home or self.env.get("HOME") or os.path.expanduser("~")
@@ -153,17 +153,13 @@ class Ingester:
 
     # ------------------------------------------------------------------ the daemon
     async def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """A request, retried while the daemon is busy (a rebuild) or away (restarting); a stop signal
-        ends the wait at once (``Stopped``) instead of after the client's attempts run out."""
-        while True:
-            reply = await self._or_stop(self.request(op, args))
-            if reply.get("status") != "ERROR":
-                return reply
-            err = reply.get("error") or {}
-            if err.get("code") in E.RETRYABLE:
-                await self._or_stop(asyncio.sleep(max(0.05, err.get("retry_after_ms", L.BUSY_RETRY_AFTER_MS) / 1000)))
-                continue
-            raise DaemonError(f"{op}: {err.get('code')}: {err.get('message')}")
+        """A request, retried by the daemon client while the daemon is busy (a rebuild) or away
+        (restarting); a stop signal ends the wait at once (``Stopped``) instead of after the client's
+        attempts run out."""
+        reply = await self._or_stop(self.request(op, args, retry=RETRY_AWAY))
+        if reply.get("status") == "ERROR":
+            raise DaemonError(describe(op, reply))
+        return reply
 
     async def _or_stop(self, aw: Any) -> Any:
         if self.stop.is_set():

@@ -28,7 +28,7 @@ log = logging.getLogger("mcpfront")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from .client import DEFAULT_TIMEOUT_S
+    from daemonclient.transport import DEFAULT_TIMEOUT_S
 
     p = argparse.ArgumentParser(prog="convmem-mcp", description="convmem MCP server (stdio by default).",
                                 epilog=f"exit status: 0 stopped cleanly, 2 bad command line or configuration, "
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.timeout <= 0:
         p.error("--timeout must be positive")
-    from .client import read_curve_client_keys, read_curve_server_key
+    from daemonclient.transport import read_curve_client_keys, read_curve_server_key
 
     try:
         args.curve_server_key = read_curve_server_key(args.curve_server_key_file)
@@ -131,23 +131,19 @@ def transport_security(host: str, extra: list[str]) -> Any:
 async def _run(args: argparse.Namespace, token: str | None = None, listener: Any = None) -> None:
     import anyio
 
-    from .client import DaemonClient, identity_data_dir
-    from .server import Backend, build_server
-    from .spawn import Spawner
+    from daemonclient.core import connect
 
-    data_dir = args.data_dir or config.default_data_dir()
-    endpoint = args.endpoint or config.default_endpoint(data_dir)
-    client = DaemonClient(endpoint, timeout=args.timeout, curve_server_key=args.curve_server_key,
-                          curve_client_keys=args.curve_client_keys,
-                          expected_data_dir=identity_data_dir(args.data_dir, endpoint, data_dir))
-    spawner = None if args.no_spawn else Spawner(client, data_dir, endpoint)
+    from .server import Backend, build_server
+
+    daemon = connect(args.data_dir, args.endpoint, timeout=args.timeout, curve_server_key=args.curve_server_key,
+                     curve_client_keys=args.curve_client_keys, spawn=not args.no_spawn)
     # stdio: the host started this process in its project; HTTP: clients must say (MCP roots)
-    server = build_server(Backend(client, spawner), args.tools, None if args.http else os.getcwd())
+    server = build_server(Backend(daemon), args.tools, None if args.http else os.getcwd())
     try:
         async with anyio.create_task_group() as tg:
-            if spawner is not None:
+            if daemon.spawner is not None:
                 # In the background: initialize and tools/list must not wait for a daemon.
-                tg.start_soon(spawner.ensure)
+                tg.start_soon(daemon.spawner.ensure)
             if args.http:
                 await _serve_http(server, args, token, listener)
             else:
@@ -161,7 +157,7 @@ async def _run(args: argparse.Namespace, token: str | None = None, listener: Any
                         await server.run(read, write, server.create_initialization_options())
             tg.cancel_scope.cancel()
     finally:
-        client.close()
+        daemon.close()
 
 
 _uvicorn_serving = False

@@ -1,4 +1,5 @@
-"""The MCP server: tools/list from ``tools``, tools/call forwarded to the storage daemon.
+"""The MCP server: tools/list from ``tools``, tools/call forwarded to the storage daemon through the
+daemon client (``daemonclient.core.Daemon``: spawn, request ids, retries, rebuild polling live there).
 
 The front-end holds no memory data and re-validates nothing: the daemon validates every argument
 (``protocol``) and its reply is the tool's result. This module only turns that into an MCP result —
@@ -7,8 +8,9 @@ ERROR); for the history tools the interface's envelope as structuredContent with
 summary — and makes sure every failure of its own also comes back in its family's error shape.
 For file_attention it adds what only a process on the client's side knows: where it was launched.
 Resources (past sessions), prompts and completion are in ``resources`` and ``prompts``; this module
-registers them and turns their failures into JSON-RPC errors. rebuild_index reports MCP progress while it
-waits for the daemon and stops waiting when the caller cancels.
+registers them and turns their failures into JSON-RPC errors. While the daemon client waits for a
+rebuild_index, this module turns its progress reports into MCP progress notifications; a cancelled call
+stops the waiting.
 """
 from __future__ import annotations
 
@@ -26,28 +28,23 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 
+from daemonclient.core import Daemon, Progress
 from ingest.workspace import launch_context
 from protocol import errors as E
 from protocol import history as H
-from protocol import limits as L
 from protocol.errors import ProtocolError
 from protocol.validation import take_request_id
-from protocol.wire import HISTORY_TOOLS, REBUILDING
+from protocol.wire import HISTORY_TOOLS
 
 from . import __version__
 from . import history_tools as HT
 from . import prompts as P
 from . import resources as R
-from .client import DaemonClient, is_unavailable, new_request_id
-from .spawn import Spawner
 from .tools import FAMILIES, FAMILY_DEFAULT, INPUT_SCHEMAS, tool_list
 
 log = logging.getLogger(__name__)
 
-REBUILD_POLL_S = 0.05
 ROOTS_TIMEOUT_S = 2.0
-REBUILD_MAX_S = 30 * 60.0
-PROGRESS_EVERY_S = 0.25  # at most this often a progress notification while a rebuild runs
 INTERNAL_MESSAGE = "internal error in the MCP front-end"
 
 INSTRUCTIONS = {
@@ -73,26 +70,25 @@ INSTRUCTIONS["all"] = (
 
 
 # How the running tools/call reports progress (``ctx.session.report_progress``: a no-op unless the caller
-# sent a progressToken). A context variable rather than an argument of ``Backend.call``: each request runs
-# in its own task, and only the long operations deep inside ``call`` need it.
-Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+# sent a progressToken), handed to the daemon client's rebuild polling. A context variable rather than an
+# argument of ``Backend.call``: each request runs in its own task, and only the rebuild polling needs it.
 PROGRESS: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("convmem_progress", default=None)
 
 
 class Backend:
-    """Runs one tool call against the daemon. ``call`` never raises (except cancellation)."""
+    """Runs one tool call against the daemon (``daemonclient.core.Daemon``), adding what is MCP's: the
+    host-given request_id taken out of the tool's arguments, the argument names a message may quote,
+    the client's launch context for history tools, progress notifications for rebuild_index, and the
+    history envelope. ``call`` never raises (except cancellation)."""
 
-    def __init__(self, client: DaemonClient, spawner: Spawner | None = None,
-                 rebuild_max_s: float = REBUILD_MAX_S) -> None:
-        self.client = client
-        self.spawner = spawner
-        self.rebuild_max_s = rebuild_max_s
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
 
     async def call(self, name: str, arguments: dict[str, Any], launch_dir: str | None = None) -> dict[str, Any]:
         """The tool's result: the memory contract's reply, or a history envelope. ``launch_dir`` is where
         the client runs (file_attention resolves paths and the project from it)."""
         t0 = time.perf_counter()
-        reply = await self.spawner.ensure_or_error() if self.spawner is not None else None
+        reply = await self.daemon.ensure()
         if reply is None:
             reply = await self._dispatch(name, arguments, launch_dir)
         if name in HISTORY_TOOLS:
@@ -105,20 +101,11 @@ class Backend:
             arguments, host_rid = take_request_id(name, arguments)
         except ProtocolError as exc:
             return exc.reply()
-        rid = host_rid or new_request_id()
-        watch = self.spawner.revive_if_gone if self.spawner is not None else None
-        if name == "rebuild_index":
-            reply = await self._rebuild(arguments, rid, known)
-        elif name in HISTORY_TOOLS:
-            context = None
-            if name in H.LAUNCH_CONTEXT_TOOLS:
-                context = await asyncio.to_thread(self._launch_context, arguments, launch_dir)
-            reply = await self.client.request(name, arguments, rid, known=known, context=context, watch=watch)
-        else:
-            reply = await self.client.request(name, arguments, rid, known=known, watch=watch)
-        if self.spawner is not None and is_unavailable(reply):
-            self.spawner.invalidate()
-        return reply
+        context = None
+        if name in H.LAUNCH_CONTEXT_TOOLS:
+            context = await asyncio.to_thread(self._launch_context, arguments, launch_dir)
+        return await self.daemon.send(name, arguments, host_rid, known=known, context=context, revive=True,
+                                      progress=PROGRESS.get())
 
     @staticmethod
     def _launch_context(arguments: Any, launch_dir: str | None) -> dict[str, Any] | None:
@@ -132,59 +119,6 @@ class Backend:
             return launch_context(path, launch_dir)
         except (OSError, ValueError):
             return None
-
-    async def _rebuild(self, arguments: dict[str, Any], rid: str, known: frozenset[str]) -> dict[str, Any]:
-        """rebuild_index answers REBUILDING at once; poll rebuild_status until the final figures.
-
-        While it waits it reports MCP progress (when the caller asked for it with a progressToken): one
-        notification as soon as the daemon has started, then one every ``PROGRESS_EVERY_S`` — the daemon
-        reports no fraction, so ``progress`` counts the reports and the message carries the elapsed time.
-        A cancelled call (notifications/cancelled) stops polling at once and answers nothing; the daemon
-        finishes the rebuild on its own (it has no way to stop one for a client), so its result stays
-        known under the request id and get_system_health shows ``rebuilding`` until then."""
-        progress = PROGRESS.get()
-        t0 = time.monotonic()
-        deadline = t0 + self.rebuild_max_s
-        sent = 0
-        last = -PROGRESS_EVERY_S
-        try:
-            reply = await self.client.request("rebuild_index", arguments, rid, known=known)
-            while reply.get("status") == REBUILDING:
-                now = time.monotonic()
-                if progress is not None and now - last >= PROGRESS_EVERY_S:
-                    try:
-                        await progress(float(sent), None, f"rebuild_index running ({now - t0:.1f} s)")
-                    except Exception:  # a transport that cannot carry it: the rebuild's answer still counts
-                        log.debug("could not send a progress notification", exc_info=True)
-                        progress = None
-                    sent += 1
-                    last = now
-                if now > deadline:
-                    return E.error_reply(E.BUSY, "rebuild_index is still running; see get_system_health",
-                                         L.BUSY_RETRY_AFTER_MS)
-                rebuild_id = reply.get("rebuild_id")
-                if not isinstance(rebuild_id, str):
-                    rebuild_id = rid
-                await asyncio.sleep(REBUILD_POLL_S)
-                status = await self.client.request("rebuild_status", {"rebuild_id": rebuild_id})
-                if _is_not_found(status):
-                    # The daemon restarted and forgot the rebuild: ask again under the same request id,
-                    # which either starts it again or answers with the result it recorded.
-                    reply = await self.client.request("rebuild_index", arguments, rid, known=known)
-                else:
-                    reply = status
-        except asyncio.CancelledError:
-            log.info("rebuild_index %s: the client cancelled the call; stopped waiting (the daemon finishes "
-                     "the rebuild on its own)", rid)
-            raise
-        return reply
-
-
-def _is_not_found(reply: dict[str, Any]) -> bool:
-    if reply.get("status") == "NOT_FOUND":
-        return True
-    err = reply.get("error")
-    return E.is_error_reply(reply) and isinstance(err, dict) and err.get("code") == E.NOT_FOUND
 
 
 def to_result(reply: Any, name: str | None = None) -> types.CallToolResult:

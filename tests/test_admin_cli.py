@@ -236,7 +236,7 @@ def test_health_sizes_are_in_units_that_fit(world):
 
 
 def test_the_cli_does_not_load_the_mcp_sdk_for_admin_commands():
-    """Importing the SDK costs ~1.5 s at every start: only rebuild (through the front-end's backend) needs it."""
+    """Importing the SDK costs ~1.5 s at every start: no command needs it (rebuild included)."""
     code = "import sys, admin.__main__; print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))"
     p = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=cli_env(ROOT), capture_output=True,
                        timeout=60)

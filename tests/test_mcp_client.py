@@ -1,4 +1,4 @@
-"""mcpfront.client on its own: argument encoding limits, replies it cannot read, the real daemon."""
+"""daemonclient.transport on its own: argument encoding limits, replies it cannot read, the real daemon."""
 from __future__ import annotations
 
 import threading
@@ -10,7 +10,8 @@ import zmq
 
 from mcp_fixtures import Daemon, anyio_backend, daemon, data_dir  # noqa: F401  (fixtures)
 
-from mcpfront.client import DaemonClient, encode_or_error, is_unavailable
+from daemonclient.replies import is_unavailable
+from daemonclient.transport import DaemonClient, encode_or_error
 from protocol import limits as L
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

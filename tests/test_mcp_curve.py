@@ -13,7 +13,8 @@ from mcp import Client
 
 from mcp_fixtures import Daemon, anyio_backend, call, free_port, stdio_params  # noqa: F401  (fixture)
 
-from mcpfront.client import UNAVAILABLE_MESSAGE, DaemonClient, is_unavailable, read_curve_client_keys
+from daemonclient.replies import UNAVAILABLE_MESSAGE, is_unavailable
+from daemonclient.transport import DaemonClient, read_curve_client_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 

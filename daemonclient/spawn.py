@@ -1,8 +1,10 @@
-"""Autospawn: a front-end that reaches no daemon starts one for its data dir, detached.
+"""Autospawn: a client (front-end, CLI, ingester) that reaches no daemon starts one for its data dir, detached.
 
-Two front-ends may do this at the same moment; the daemon's data-dir lock lets one of the two
-daemons run and makes the other exit at once, so the front-ends need no coordination of their own:
-each just pings until a daemon answers.
+Two clients may do this at the same moment; the daemon's data-dir lock lets one of the two daemons
+run and makes the other exit at once, so the clients need no coordination of their own: each just
+pings until a daemon answers. A daemon that cannot start at all says why on its stderr, which comes
+to us through a pipe; that one line is then every caller's answer for a moment (``FAILURE_HOLD_S``)
+instead of a new attempt per call.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any
 from protocol import errors as E
 from protocol.config import DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, read_pid
 
-from .client import DaemonClient, ipc_path
+from .transport import DaemonClient, ipc_path
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,14 @@
-"""Talking to the storage daemon: one request, one reply, never a hang.
+"""The transport: one request to the storage daemon, one reply, never a hang.
 
-Each call uses a fresh REQ socket, so concurrent tool calls really run concurrently (one REQ socket
-can only have one request in flight). Lazy Pirate: an attempt that gets no reply in time closes its
-socket (LINGER 0) and the request is sent again on a new socket with the *same* request id, which
-the daemon uses to apply a mutation at most once. When every attempt timed out the caller gets a
-contract BUSY error, never an exception.
+The lowest layer of ``daemonclient`` (``replies`` say what a reply means, ``spawn`` starts a daemon,
+``core`` puts them together for every program that talks to the daemon). A call takes an idle
+connected REQ socket or opens one, so concurrent calls really run concurrently (one REQ socket can
+have only one request in flight); a socket goes back to the idle pool only after a complete round
+trip. Lazy Pirate: an attempt that gets no reply in time closes its socket (LINGER 0) and the request
+is sent again on a new socket with the *same* request id, which the daemon uses to apply a mutation
+at most once. When every attempt timed out the caller gets a contract BUSY error made here
+(``replies.unavailable`` / ``replies.outcome_unknown``), never an exception. Over tcp:// it speaks
+CURVE; with a data dir to insist on, it checks that the daemon serves that store (``IdentityCheck``).
 """
 from __future__ import annotations
 
@@ -26,34 +30,22 @@ from protocol.config import ENV_CURVE_CLIENT_KEY_FILE, ENV_CURVE_SERVER_KEY_FILE
 from protocol.validation import HOST_REQUEST_ID_TOOLS
 from protocol.wire import LOADING_KEY, encode_request
 
+from .replies import outcome_unknown, unavailable
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_ATTEMPTS = 3
 PING_TIMEOUT_S = 0.5
-# How long a caller should wait after "daemon unavailable" before trying again.
-UNAVAILABLE_RETRY_AFTER_MS = 1000
 IDLE_SOCKETS_MAX = 16
 # While waiting for a reply the caller's watch (is the daemon process gone?) is asked this often, so a
 # daemon that died is replaced at once instead of after the whole timeout.
 WATCH_INTERVAL_S = 0.2
 RESTARTS_PER_REQUEST = 3
-UNAVAILABLE_MESSAGE = "storage daemon unavailable (no reply in time); retry later"
 
 
 def new_request_id() -> str:
     return str(ulid.ULID())
-
-
-def is_unavailable(reply: dict[str, Any]) -> bool:
-    """True for the BUSY this module makes up when the daemon did not answer (not a daemon's BUSY)."""
-    err = reply.get("error") if isinstance(reply, dict) else None
-    return isinstance(err, dict) and err.get("code") == E.BUSY and (
-        err.get("message") == UNAVAILABLE_MESSAGE or err.get("outcome_unknown") is True)
-
-
-def unavailable() -> dict[str, Any]:
-    return E.error_reply(E.BUSY, UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER_MS)
 
 
 def _encode_problem(value: Any) -> str:
@@ -192,7 +184,7 @@ class DaemonClient:
         if sent and op in HOST_REQUEST_ID_TOOLS:
             # The daemon may have applied it (and died, or been stopped, before answering). A request that
             # never left (no daemon to take it) is known not to have been applied: plain "unavailable".
-            return E.outcome_unknown(rid, UNAVAILABLE_RETRY_AFTER_MS)
+            return outcome_unknown(rid)
         return unavailable()
 
     async def _attempt(self, frame: bytes, timeout: float, watch: Callable[[], Awaitable[bool]] | None = None,
