@@ -56,7 +56,6 @@ FUTURE_SLACK_MS = 7 * 24 * 3600 * 1000
 CALLS_KEPT = 64               # call id -> tool name pairs carried in a checkpoint (pending tool results)
 EMPTY_OUTPUT = "(no output)"
 CUT_MARK = "\n[... cut by convmem import: the original was longer than 1 MiB]"
-RETRY_S = 0.5
 
 
 def derived_ulid(ms: int, key: str) -> str:
