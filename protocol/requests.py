@@ -5,10 +5,10 @@ Validation (``protocol.validation``, ``protocol.history``) reads a tool's untrus
 builds one of these; nothing else does. A field is named for what the store needs, not for the
 contract's argument: the contract's ``memory_tier`` is ``tier``, ``source_message_ids`` is
 ``source_ids``, ``metadata_json`` is the parsed ``metadata``, an event's ``type`` is ``etype`` — the
-names of ``storaged.model.Message``. Each contract name is mapped to its field in exactly one place:
-the constructor call in validation (the reader), and back by ``to_args`` (the writer), which gives
-the arguments a client would send for the request; validating them again gives the same request
-(tests/test_requests.py holds every op to that).
+names of ``storaged.model.Message``. A contract name becomes its field in one place, the
+validator's constructor call (metadata's names: the ``METADATA_NAMES`` table), and goes back in one
+place, the class's ``to_args``, which writes the arguments a client would send for the request;
+validating them again gives the same request (tests/test_requests.py holds every op to that).
 
 Like h11's events these are plain values: no I/O, no behaviour beyond building the other form. The
 dicts some of them hold (an imported session's metadata, an ingester's checkpoint value, a history
@@ -16,12 +16,13 @@ tool's canonical ``echo``) are stored or echoed as they are; nothing modifies th
 """
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from . import limits as L
+
 
 class _Request:
     """What every request class shares: ``to_args`` for a request whose fields have the contract's
