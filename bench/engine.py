@@ -19,6 +19,7 @@ import zmq
 from ulid import ULID
 
 from protocol.config import default_endpoint
+from protocol.requests import DeleteMessage
 from protocol.validation import validate
 from protocol.wire import decode, encode_request
 from storaged.fileio import FileIO
@@ -208,7 +209,7 @@ def rebuild_pause(tmp: str, n: int, deletes: float = 0.2) -> dict[str, Any]:
     build_store(data_dir, n)
     store = Store.open(data_dir, io=NoSyncIO())
     for m in list(store.by_seq.values())[:: int(1 / deletes)]:
-        store.delete_message({"message_id": m.message_id, "session_id": None})
+        store.delete_message(DeleteMessage(message_id=m.message_id, session_id=None))
     store.write_snapshot()  # a fast start; the rebuild is what is measured
     store.close()
     proc, _ = start_daemon(data_dir)

@@ -7,12 +7,13 @@ source names the ingesters write, every limit, the error codes of this family (w
 the first interface's, see ``FROM_MEMORY_CODE``), and the validation that turns a tool's untrusted
 arguments into a canonical request. Pure: no I/O.
 
-Validation returns ``{"request": <canonical request, echoed in the response>, ...internal fields}``
-and raises ``HistoryError`` with the contract's code and a message that names the field and the
-constraint, never the value.
+Validation returns the tool's request (``protocol.requests``): ``echo``, the canonical request the
+response repeats, beside the parsed fields the views need; it raises ``HistoryError`` with the
+contract's code and a message that names the field and the constraint, never the value.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from datetime import datetime, timezone
@@ -21,6 +22,7 @@ from typing import Any, Callable
 import msgpack
 
 from . import limits as L
+from . import requests as R
 from .validation import epoch_ms, utf8_len
 
 # --- the record model ----------------------------------------------------------------------------
@@ -356,7 +358,7 @@ def _cursor(value: Any, tool: str) -> str:
     return value
 
 
-def validate_search_sessions(raw: Any) -> dict[str, Any]:
+def validate_search_sessions(raw: Any) -> R.SearchSessions:
     a = _Args(raw, "search_sessions", SEARCH_FIELDS)
     request = {
         "query": a.get("query", _query),
@@ -372,17 +374,17 @@ def validate_search_sessions(raw: Any) -> dict[str, Any]:
         within = parse_typed_id(a.raw["within_id"], "within_id")
         if within[0] == "event":
             raise _invalid("within_id accepts session and turn IDs, not event IDs", "within_id")
-    return {"request": request, "within": within}
+    return R.SearchSessions(echo=request, within=within)
 
 
-def validate_open(raw: Any) -> dict[str, Any]:
+def validate_open(raw: Any) -> R.Open:
     a = _Args(raw, "open", OPEN_FIELDS)
     if a.has("cursor"):
         if a.has("id") or a.has("limit"):
             raise _invalid("cursor must be passed by itself (it carries the id and the page size); "
                            "to start over, pass id and limit without cursor", "cursor")
         cursor = _cursor(a.raw["cursor"], "open")
-        return {"request": {"cursor": cursor}, "id": None, "limit": None, "cursor": cursor}
+        return R.Open(echo={"cursor": cursor}, target=None, limit=None, cursor=cursor)
     if not a.has("id"):
         if a.has("limit"):
             raise _invalid("limit needs an id (a session or turn id) to expand", "limit")
@@ -395,10 +397,10 @@ def validate_open(raw: Any) -> dict[str, Any]:
             raise _invalid("limit applies to session and turn ids; an event opens whole, without pages", "limit")
         limit = a.get("limit", _int(OPEN_LIMIT_MIN, OPEN_LIMIT_MAX))
         request["limit"] = limit
-    return {"request": request, "id": (kind, token), "limit": limit, "cursor": None}
+    return R.Open(echo=request, target=(kind, token), limit=limit, cursor=None)
 
 
-def validate_list_sessions(raw: Any) -> dict[str, Any]:
+def validate_list_sessions(raw: Any) -> R.ListSessions:
     a = _Args(raw, "list_sessions", LIST_FIELDS)
     start = a.get("start_datetime", parse_datetime)
     end = a.get("end_datetime", parse_datetime)
@@ -417,7 +419,7 @@ def validate_list_sessions(raw: Any) -> dict[str, Any]:
     }
     if a.has("cursor"):
         request["cursor"] = _cursor(a.raw["cursor"], "list_sessions")
-    return {"request": request, "start": start, "end": end}
+    return R.ListSessions(echo=request, start=start, end=end)
 
 
 def _path(value: Any, field: str) -> str:
@@ -438,7 +440,7 @@ def _path(value: Any, field: str) -> str:
     return value
 
 
-def validate_file_attention(raw: Any) -> dict[str, Any]:
+def validate_file_attention(raw: Any) -> R.FileAttention:
     a = _Args(raw, "file_attention", ATTENTION_FIELDS)
     dt = lambda v, f: parse_datetime(v, f, ms_precision=True)  # noqa: E731
     start = a.get("start_datetime", dt, None)
@@ -458,19 +460,19 @@ def validate_file_attention(raw: Any) -> dict[str, Any]:
         "mutations_only": a.get("mutations_only", _bool, False),
         "limit": a.get("limit", _int(ATTENTION_LIMIT_MIN, ATTENTION_LIMIT_MAX), ATTENTION_LIMIT_DEFAULT),
     }
-    return {"request": request, "start": start, "end": end}
+    return R.FileAttention(echo=request, start=start, end=end)
 
 
-def validate_get_ingest_status(raw: Any) -> dict[str, Any]:
+def validate_get_ingest_status(raw: Any) -> R.GetIngestStatus:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict) or raw:
         raise _invalid("get_ingest_status takes no arguments (pass an empty object)")
-    return {"request": {}}
+    return R.GetIngestStatus(echo={})
 
 
 HISTORY_TOOLS = ("search_sessions", "open", "list_sessions", "file_attention", "get_ingest_status")
-HISTORY_VALIDATORS: dict[str, Callable[[Any], dict[str, Any]]] = {
+HISTORY_VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "search_sessions": validate_search_sessions,
     "open": validate_open,
     "list_sessions": validate_list_sessions,
@@ -483,16 +485,16 @@ LAUNCH_CONTEXT_TOOLS = frozenset({"file_attention"})
 
 # --- the launch context file_attention is resolved against ---------------------------------------
 
-_LAUNCH_FIELDS = ("cwd", "project", "tail", "tail_is_absolute", "stripped_root", "path_project")
+_LAUNCH_FIELDS = tuple(f.name for f in dataclasses.fields(R.Launch))
 
 
-def validate_launch(raw: Any) -> dict[str, Any]:
+def validate_launch(raw: Any) -> R.Launch:
     """What the front-end found on disk about its launch directory and the requested path:
     ``cwd`` (absolute), ``project`` (git common dir, or the canonical launch dir; None if unknown),
     ``tail`` (the path relative to its project root, or the absolute path when no root holds it),
     ``tail_is_absolute``, ``stripped_root`` and ``path_project`` (the path's own root and identity)."""
     if raw is None:
-        return {k: None for k in _LAUNCH_FIELDS} | {"tail_is_absolute": False}
+        return R.Launch()
     if not isinstance(raw, dict) or set(raw) - set(_LAUNCH_FIELDS):
         raise _invalid("request context must be an object with: " + ", ".join(_LAUNCH_FIELDS))
     out: dict[str, Any] = {}
@@ -505,7 +507,7 @@ def validate_launch(raw: Any) -> dict[str, Any]:
                                   or utf8_len(value, "context") > PATH_MAX_BYTES):
             raise _invalid(f"request context {key} must be a non-empty path of at most {PATH_MAX_BYTES} bytes")
         out[key] = value
-    return out
+    return R.Launch(**out)
 
 
 # --- what ingesters send with the messages they import -------------------------------------------
@@ -528,7 +530,7 @@ def _text(value: Any, where: str, max_bytes: int, allow_none: bool = True) -> st
     return value
 
 
-def check_event(obj: Any, where: str) -> dict[str, Any]:
+def check_event(obj: Any, where: str) -> R.Event:
     """An imported message's ``event`` object: its type and the tool facts a transcript carried."""
     if not isinstance(obj, dict):
         raise _invalid(f"{where} must be an object")
@@ -539,22 +541,19 @@ def check_event(obj: Any, where: str) -> dict[str, Any]:
     if etype not in EVENT_TYPES:
         raise HistoryError(UNSUPPORTED_EVENT_TYPE, f"{where}.type must be one of: {', '.join(EVENT_TYPES)}",
                            {"field": f"{where}.type", "supported": list(EVENT_TYPES)})
-    out: dict[str, Any] = {"type": etype,
-                           "tool_name": _text(obj.get("tool_name"), f"{where}.tool_name", TOOL_NAME_MAX_BYTES),
-                           "model": _text(obj.get("model"), f"{where}.model", MODEL_MAX_BYTES)}
+    tool = _text(obj.get("tool_name"), f"{where}.tool_name", TOOL_NAME_MAX_BYTES)
+    model = _text(obj.get("model"), f"{where}.model", MODEL_MAX_BYTES)
     is_error = obj.get("is_error")
     if is_error is not None and not isinstance(is_error, bool):
         raise _invalid(f"{where}.is_error must be true or false")
-    out["is_error"] = is_error
     code = obj.get("exit_code")
     if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not -2**31 <= code < 2**31):
         raise _invalid(f"{where}.exit_code must be a 32-bit integer")
-    out["exit_code"] = code
     files = obj.get("files") or []
     if not isinstance(files, list) or len(files) > FILES_PER_EVENT_MAX:
         raise _invalid(f"{where}.files must be an array of at most {FILES_PER_EVENT_MAX} file objects")
-    out["files"] = tuple(_file(f, f"{where}.files[{i}]") for i, f in enumerate(files))
-    return out
+    return R.Event(etype=etype, tool=tool, is_error=is_error, exit_code=code, model=model,
+                   files=tuple(_file(f, f"{where}.files[{i}]") for i, f in enumerate(files)))
 
 
 def _file(obj: Any, where: str) -> tuple[str, str | None, str | None, str | None, str]:
@@ -615,7 +614,7 @@ _COUNTERS = ("files_total", "files_completed", "bytes_total", "bytes_completed",
              "errors", "queue_depth")
 
 
-def validate_ingest_heartbeat(raw: Any) -> dict[str, Any]:
+def validate_ingest_heartbeat(raw: Any) -> R.IngestHeartbeat:
     """An ingester's liveness and progress report (kept in memory by the daemon, never in the log)."""
     if not isinstance(raw, dict) or set(raw) - {"instance", "started_at", "interval_ms", "sources", "final"}:
         raise _invalid("ingest_heartbeat takes instance, started_at, interval_ms, sources and final")
@@ -639,12 +638,12 @@ def validate_ingest_heartbeat(raw: Any) -> dict[str, Any]:
             item[key] = _int(0, 2**62)(s.get(key, 0), f"{where}.{key}")
         out_sources.append(item)
     final = _bool(raw.get("final", False), "final")   # the ingester's last word: it is stopping
-    return {"instance": instance, "started_at": started, "interval_ms": interval, "sources": out_sources,
-            "final": final}
+    return R.IngestHeartbeat(instance=instance, started_at=started, interval_ms=interval, sources=tuple(out_sources),
+                             final=final)
 
 
-def validate_ingest_checkpoints(raw: Any) -> dict[str, Any]:
+def validate_ingest_checkpoints(raw: Any) -> R.IngestCheckpoints:
     """Read back one source's checkpoints (an ingester resuming)."""
     if not isinstance(raw, dict) or set(raw) != {"source"}:
         raise _invalid("ingest_checkpoints takes exactly: source")
-    return {"source": _filter_name(raw["source"], "source")}
+    return R.IngestCheckpoints(source=_filter_name(raw["source"], "source"))

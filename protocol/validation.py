@@ -1,8 +1,10 @@
-"""Validation of every tool's arguments: untrusted input in, a normalised dict out.
+"""Validation of every tool's arguments: untrusted input in, the op's request (``protocol.requests``) out.
 
 The daemon runs this on every request, so a front-end that forgets a check (or a client that
 talks to the daemon directly) cannot get bad data into the store. Errors name the field and the
-constraint and never contain the value that was sent.
+constraint and never contain the value that was sent. Each validator reads the contract's argument
+names and builds the request with the store's field names: that constructor call is where the one
+maps to the other.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import limits as L
+from . import requests as R
 from .errors import invalid
 
 _CROCKFORD = frozenset("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
@@ -136,7 +139,8 @@ class _Args:
             return default
         return check(value)
 
-    def done(self, out: dict[str, Any]) -> dict[str, Any]:
+    def done(self, out: Any) -> Any:
+        """``out`` (the request built), once no argument is left that the tool does not take."""
         for key in self.args:
             if key not in self.used:
                 raise invalid(f"unknown parameter {_name(key)} for {self.tool}")
@@ -145,10 +149,7 @@ class _Args:
 
 # --- metadata -----------------------------------------------------------------------------------
 
-METADATA_FIELDS = (
-    "tool_call_id", "tags", "memory_tier", "memory_kind", "importance", "summary", "relations",
-    "source_message_ids",
-)
+METADATA_FIELDS = tuple(R.METADATA_NAMES)
 
 
 def _tags(value: Any, field: str) -> tuple[str, ...]:
@@ -189,53 +190,37 @@ def _optional_text(value: Any, field: str, max_bytes: int) -> str | None:
     return text or None
 
 
-def parse_metadata(text: Any, partial: bool) -> dict[str, Any]:
-    """Parse ``metadata_json``. ``partial`` (update) returns only the fields given, else all with defaults."""
+def parse_metadata(text: Any, partial: bool) -> R.Metadata | R.MetadataPatch:
+    """Parse ``metadata_json``. ``partial`` (update): a patch of the fields given, else all with defaults."""
     obj = parse_json_text(text, "metadata_json", L.METADATA_JSON_MAX_BYTES, dict)
     return check_metadata(obj, partial, "metadata_json")
 
 
-def check_metadata(obj: dict[str, Any], partial: bool, where: str) -> dict[str, Any]:
+# metadata_json's field -> its check (what it accepts: the contract's limits)
+_METADATA_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "tool_call_id": lambda v, f: _optional_text(v, f, L.TOOL_CALL_ID_MAX_BYTES),
+    "summary": lambda v, f: _optional_text(v, f, L.SUMMARY_MAX_BYTES),
+    "tags": _tags,
+    "memory_tier": lambda v, f: check_enum(v, f, L.MEMORY_TIERS),
+    "memory_kind": lambda v, f: check_enum(v, f, L.MEMORY_KINDS),
+    "importance": lambda v, f: check_int(v, f, L.IMPORTANCE_MIN, L.IMPORTANCE_MAX),
+    "relations": _relations,
+    "source_message_ids": _source_ids,
+}
+
+
+def check_metadata(obj: dict[str, Any], partial: bool, where: str) -> R.Metadata | R.MetadataPatch:
     """Validate a metadata object (parsed from metadata_json, or an imported message's metadata)."""
     out: dict[str, Any] = {}
     for key, value in obj.items():
         if not isinstance(key, str):
             raise invalid(f"{where} field names must be strings")
         field = f"{where}.{key}" if _SAFE_NAME.match(key) else where
-        if key == "tool_call_id":
-            out[key] = _optional_text(value, field, L.TOOL_CALL_ID_MAX_BYTES)
-        elif key == "summary":
-            out[key] = _optional_text(value, field, L.SUMMARY_MAX_BYTES)
-        elif key == "tags":
-            out[key] = _tags(value, field)
-        elif key == "memory_tier":
-            out[key] = check_enum(value, field, L.MEMORY_TIERS)
-        elif key == "memory_kind":
-            out[key] = check_enum(value, field, L.MEMORY_KINDS)
-        elif key == "importance":
-            out[key] = check_int(value, field, L.IMPORTANCE_MIN, L.IMPORTANCE_MAX)
-        elif key == "relations":
-            out[key] = _relations(value, field)
-        elif key == "source_message_ids":
-            out[key] = _source_ids(value, field)
-        else:
+        check = _METADATA_CHECKS.get(key)
+        if check is None:
             raise invalid(f"{where} has an unknown field {_name(key)}; allowed: {', '.join(METADATA_FIELDS)}")
-    if not partial:
-        for key, default in DEFAULT_METADATA.items():
-            out.setdefault(key, default)
-    return out
-
-
-DEFAULT_METADATA: dict[str, Any] = {
-    "tool_call_id": None,
-    "tags": (),
-    "memory_tier": L.MEMORY_TIER_DEFAULT,
-    "memory_kind": L.MEMORY_KIND_DEFAULT,
-    "importance": L.IMPORTANCE_DEFAULT,
-    "summary": None,
-    "relations": (),
-    "source_message_ids": (),
-}
+        out[R.METADATA_NAMES[key]] = check(value, field)
+    return R.MetadataPatch(**out) if partial else R.Metadata(**out)
 
 
 # --- tools --------------------------------------------------------------------------------------
@@ -252,28 +237,26 @@ def _revision(v: Any) -> int:
     return check_int(v, "expected_revision", L.EXPECTED_REVISION_MIN, L.REVISION_MAX)
 
 
-def validate_write_message(raw: Any) -> dict[str, Any]:
+def validate_write_message(raw: Any) -> R.WriteMessage:
     a = _Args(raw, "write_message")
-    out = {
-        "session_id": a.get("session_id", _session_id),
-        "role": a.get("role", lambda v: check_enum(v, "role", L.ROLES)),
-        "content": a.get("content", lambda v: check_text(v, "content", 1, L.CONTENT_MAX_BYTES)),
-        "metadata": a.get("metadata_json", lambda v: parse_metadata(v, partial=False), None),
-    }
-    if out["metadata"] is None:
-        out["metadata"] = dict(DEFAULT_METADATA)
+    out = R.WriteMessage(
+        session_id=a.get("session_id", _session_id),
+        role=a.get("role", lambda v: check_enum(v, "role", L.ROLES)),
+        content=a.get("content", lambda v: check_text(v, "content", 1, L.CONTENT_MAX_BYTES)),
+        metadata=a.get("metadata_json", lambda v: parse_metadata(v, partial=False), R.Metadata()),
+    )
     return a.done(out)
 
 
-def validate_update_message(raw: Any) -> dict[str, Any]:
+def validate_update_message(raw: Any) -> R.UpdateMessage:
     a = _Args(raw, "update_message")
-    out = {
-        "message_id": a.get("message_id", _message_id),
-        "content": a.get("content", lambda v: check_text(v, "content", 1, L.CONTENT_MAX_BYTES), None),
-        "metadata": a.get("metadata_json", lambda v: parse_metadata(v, partial=True), None),
-        "expected_revision": a.get("expected_revision", _revision, None),
-    }
-    if out["content"] is None and out["metadata"] is None:
+    out = R.UpdateMessage(
+        message_id=a.get("message_id", _message_id),
+        content=a.get("content", lambda v: check_text(v, "content", 1, L.CONTENT_MAX_BYTES), None),
+        metadata=a.get("metadata_json", lambda v: parse_metadata(v, partial=True), None),
+        expected_revision=a.get("expected_revision", _revision, None),
+    )
+    if out.content is None and out.metadata is None:
         raise invalid("update_message needs content or metadata_json (at least one)")
     return a.done(out)
 
@@ -295,55 +278,61 @@ def _relation_types(v: Any) -> tuple[str, ...]:
     return tuple(check_enum(t, "relation_types_json item", L.RELATION_TYPES) for t in arr)
 
 
-def validate_read_messages(raw: Any) -> dict[str, Any]:
+def validate_read_messages(raw: Any) -> R.ReadMessages:
     a = _Args(raw, "read_messages")
     view = a.get("view", lambda v: check_enum(v, "view", L.VIEWS), L.VIEW_DEFAULT)
     allowed = _VIEW_PARAMS[view]
     for key in a.args:
         if key != "view" and key not in allowed and a.args[key] is not None and key in _ALL_READ_PARAMS:
             raise invalid(f"{key} is not used by the {view} view")
-    out: dict[str, Any] = {
-        "view": view,
-        "limit": a.get("limit", lambda v: check_int(v, "limit", L.READ_LIMIT_MIN, L.READ_LIMIT_MAX),
-                       L.READ_LIMIT_DEFAULT),
-    }
-    out["cursor"] = a.get("cursor", lambda v: check_text(v, "cursor", 1, L.CURSOR_MAX_BYTES), None)
+    limit = a.get("limit", lambda v: check_int(v, "limit", L.READ_LIMIT_MIN, L.READ_LIMIT_MAX), L.READ_LIMIT_DEFAULT)
+    cursor = a.get("cursor", lambda v: check_text(v, "cursor", 1, L.CURSOR_MAX_BYTES), None)
+    out: R.ReadMessages
     if view == "sessions":
         a.get("session_id", _session_id, None)  # checked, not used
-        out["since"] = a.get("since", lambda v: check_time(v, "since"), None)
-        out["until"] = a.get("until", lambda v: check_time(v, "until"), None)
-        out["order"] = a.get("order", lambda v: check_enum(v, "order", L.SESSION_ORDERS), L.SESSION_ORDER_DEFAULT)
-        if out["since"] is not None and out["until"] is not None and out["since"] > out["until"]:
+        since = a.get("since", lambda v: check_time(v, "since"), None)
+        until = a.get("until", lambda v: check_time(v, "until"), None)
+        order = a.get("order", lambda v: check_enum(v, "order", L.SESSION_ORDERS), L.SESSION_ORDER_DEFAULT)
+        if since is not None and until is not None and since > until:
             raise invalid("since must not be later than until")
-    if view == "history":
-        out["session_id"] = a.get("session_id", _session_id)
+        out = R.ReadSessions(limit=limit, cursor=cursor, since=since, until=until, order=order)
+    elif view == "history":
+        out = R.ReadHistory(limit=limit, cursor=cursor, session_id=a.get("session_id", _session_id))
     elif view == "content":
-        out["message_id"] = a.get("message_id", _message_id)
-        out["content_offset"] = a.get(
-            "content_offset", lambda v: check_int(v, "content_offset", 0, L.CONTENT_MAX_BYTES), 0)
-        out["content_limit"] = a.get(
-            "content_limit", lambda v: check_int(v, "content_limit", L.CONTENT_LIMIT_MIN, L.CONTENT_LIMIT_MAX),
-            L.CONTENT_LIMIT_DEFAULT)
-        out["expected_revision"] = a.get("expected_revision", _revision, None)
-    elif view == "context":
-        out["message_id"] = a.get("message_id", _message_id)
-        out["before"] = a.get("before", lambda v: check_int(v, "before", 0, L.CONTEXT_BEFORE_MAX),
-                              L.CONTEXT_NEIGHBOURS_DEFAULT)
-        out["after"] = a.get("after", lambda v: check_int(v, "after", 0, L.CONTEXT_AFTER_MAX),
-                             L.CONTEXT_NEIGHBOURS_DEFAULT)
-        out["relation_depth"] = a.get(
-            "relation_depth", lambda v: check_int(v, "relation_depth", 0, L.RELATION_DEPTH_MAX),
-            L.RELATION_DEPTH_DEFAULT)
-        out["relation_types"] = a.get("relation_types_json", _relation_types, L.RELATION_TYPES)
+        out = R.ReadContent(
+            limit=limit, cursor=cursor,
+            message_id=a.get("message_id", _message_id),
+            content_offset=a.get("content_offset", lambda v: check_int(v, "content_offset", 0, L.CONTENT_MAX_BYTES),
+                                 0),
+            content_limit=a.get(
+                "content_limit", lambda v: check_int(v, "content_limit", L.CONTENT_LIMIT_MIN, L.CONTENT_LIMIT_MAX),
+                L.CONTENT_LIMIT_DEFAULT),
+            expected_revision=a.get("expected_revision", _revision, None),
+        )
+    else:
+        out = R.ReadContext(
+            limit=limit, cursor=cursor,
+            message_id=a.get("message_id", _message_id),
+            before=a.get("before", lambda v: check_int(v, "before", 0, L.CONTEXT_BEFORE_MAX),
+                         L.CONTEXT_NEIGHBOURS_DEFAULT),
+            after=a.get("after", lambda v: check_int(v, "after", 0, L.CONTEXT_AFTER_MAX),
+                        L.CONTEXT_NEIGHBOURS_DEFAULT),
+            relation_depth=a.get("relation_depth", lambda v: check_int(v, "relation_depth", 0, L.RELATION_DEPTH_MAX),
+                                 L.RELATION_DEPTH_DEFAULT),
+            relation_types=a.get("relation_types_json", _relation_types, L.RELATION_TYPES),
+        )
     return a.done(out)
 
 
 _ALL_READ_PARAMS = set().union(*_VIEW_PARAMS.values())
 
 
+_NO_FILTERS: dict[str, Any] = {"kinds": None, "tiers": None, "tags": ()}
+
+
 def _filters(v: Any) -> dict[str, Any]:
     obj = parse_json_text(v, "filters_json", L.FILTERS_JSON_MAX_BYTES, dict)
-    out: dict[str, Any] = {"kinds": None, "tiers": None, "tags": ()}
+    out = dict(_NO_FILTERS)
     for key, value in obj.items():
         if key == "kinds" or key == "tiers":
             allowed = L.MEMORY_KINDS if key == "kinds" else L.MEMORY_TIERS
@@ -358,24 +347,26 @@ def _filters(v: Any) -> dict[str, Any]:
     return out
 
 
-def validate_search_messages(raw: Any) -> dict[str, Any]:
+def validate_search_messages(raw: Any) -> R.SearchMessages:
     a = _Args(raw, "search_messages")
-    out = {
-        "query": a.get("query", lambda v: check_text(v, "query", L.QUERY_MIN_BYTES, L.QUERY_MAX_BYTES)),
-        "session_id": a.get("session_id", _session_id, None),
-        "filters": a.get("filters_json", _filters, {"kinds": None, "tiers": None, "tags": ()}),
-        "min_importance": a.get(
+    query = a.get("query", lambda v: check_text(v, "query", L.QUERY_MIN_BYTES, L.QUERY_MAX_BYTES))
+    session_id = a.get("session_id", _session_id, None)
+    filters = a.get("filters_json", _filters, _NO_FILTERS)
+    out = R.SearchMessages(
+        query=query, session_id=session_id, kinds=filters["kinds"], tiers=filters["tiers"], tags=filters["tags"],
+        min_importance=a.get(
             "min_importance", lambda v: check_int(v, "min_importance", L.IMPORTANCE_MIN, L.IMPORTANCE_MAX), 0),
-        "context_size": a.get("context_size", lambda v: check_int(v, "context_size", 0, L.CONTEXT_SIZE_MAX), 0),
-        "limit": a.get("limit", lambda v: check_int(v, "limit", L.SEARCH_LIMIT_MIN, L.SEARCH_LIMIT_MAX),
-                       L.SEARCH_LIMIT_DEFAULT),
-    }
+        context_size=a.get("context_size", lambda v: check_int(v, "context_size", 0, L.CONTEXT_SIZE_MAX), 0),
+        limit=a.get("limit", lambda v: check_int(v, "limit", L.SEARCH_LIMIT_MIN, L.SEARCH_LIMIT_MAX),
+                    L.SEARCH_LIMIT_DEFAULT),
+    )
     return a.done(out)
 
 
-def validate_delete_message(raw: Any) -> dict[str, Any]:
+def validate_delete_message(raw: Any) -> R.DeleteMessage:
     a = _Args(raw, "delete_message")
-    out = {"message_id": a.get("message_id", _message_id), "session_id": a.get("session_id", _session_id, None)}
+    out = R.DeleteMessage(message_id=a.get("message_id", _message_id),
+                          session_id=a.get("session_id", _session_id, None))
     return a.done(out)
 
 
@@ -408,7 +399,7 @@ def check_time(value: Any, field: str) -> int:
     return check_int(value, field, 0, L.TIME_MS_MAX)
 
 
-def validate_import_messages(raw: Any) -> dict[str, Any]:
+def validate_import_messages(raw: Any) -> R.ImportMessages:
     """A batch of messages as export writes them, and from transcript ingesters also the sessions'
     metadata and the read positions (checkpoints) the batch reaches: one durable append for all of
     it, so an ingester's checkpoint can never run ahead of (or behind) the events it covers."""
@@ -416,26 +407,28 @@ def validate_import_messages(raw: Any) -> dict[str, Any]:
 
     a = _Args(raw, "import_messages")
 
-    def messages(v: Any) -> list[dict[str, Any]]:
+    def messages(v: Any) -> tuple[R.ImportedMessage, ...]:
         if not isinstance(v, list):
             raise invalid("messages must be an array of message objects")
         if len(v) > L.IMPORT_BATCH_MAX:
             raise invalid(f"messages must have at most {L.IMPORT_BATCH_MAX} items")
-        return [_imported_message(m, i) for i, m in enumerate(v)]
+        return tuple(_imported_message(m, i) for i, m in enumerate(v))
 
-    def sessions(v: Any) -> list[tuple[str, dict[str, Any]]]:
+    def sessions(v: Any) -> tuple[R.SessionMeta, ...]:
         if not isinstance(v, list) or len(v) > H.SESSIONS_PER_BATCH_MAX:
             raise invalid(f"sessions must be an array of at most {H.SESSIONS_PER_BATCH_MAX} session objects")
-        return [_history_check(H.check_session_meta, s, f"sessions[{i}]") for i, s in enumerate(v)]
+        return tuple(R.SessionMeta(*_history_check(H.check_session_meta, s, f"sessions[{i}]"))
+                     for i, s in enumerate(v))
 
-    def checkpoints(v: Any) -> list[tuple[str, str, Any]]:
+    def checkpoints(v: Any) -> tuple[R.Checkpoint, ...]:
         if not isinstance(v, list) or len(v) > H.CHECKPOINTS_PER_BATCH_MAX:
             raise invalid(f"checkpoints must be an array of at most {H.CHECKPOINTS_PER_BATCH_MAX} objects")
-        return [_history_check(H.check_checkpoint, c, f"checkpoints[{i}]") for i, c in enumerate(v)]
+        return tuple(R.Checkpoint(*_history_check(H.check_checkpoint, c, f"checkpoints[{i}]"))
+                     for i, c in enumerate(v))
 
-    out = {"messages": a.get("messages", messages, []), "sessions": a.get("sessions", sessions, []),
-           "checkpoints": a.get("checkpoints", checkpoints, [])}
-    if not (out["messages"] or out["sessions"] or out["checkpoints"]):
+    out = R.ImportMessages(messages=a.get("messages", messages, ()), sessions=a.get("sessions", sessions, ()),
+                           checkpoints=a.get("checkpoints", checkpoints, ()))
+    if not (out.messages or out.sessions or out.checkpoints):
         raise invalid("messages must be a non-empty array of message objects")
     return a.done(out)
 
@@ -454,7 +447,7 @@ _IMPORT_FIELDS = frozenset({"message_id", "session_id", "timestamp", "role", "co
                             "metadata", "event"})
 
 
-def _imported_message(m: Any, i: int) -> dict[str, Any]:
+def _imported_message(m: Any, i: int) -> R.ImportedMessage:
     """A Message object as export writes it: every field kept (id, times, revision, metadata)."""
     where = f"messages[{i}]"
     if not isinstance(m, dict):
@@ -465,65 +458,64 @@ def _imported_message(m: Any, i: int) -> dict[str, Any]:
     for key in ("message_id", "session_id", "timestamp", "role", "content"):
         if m.get(key) is None:
             raise invalid(f"{where}.{key} is required")
-    out = {
-        "message_id": canonical_ulid(m["message_id"], f"{where}.message_id"),
-        "session_id": check_text(m["session_id"], f"{where}.session_id", 1, L.SESSION_ID_MAX_BYTES),
-        "timestamp": check_int(m["timestamp"], f"{where}.timestamp", 0, L.TIME_MS_MAX),
-        "role": check_enum(m["role"], f"{where}.role", L.ROLES),
-        "content": check_text(m["content"], f"{where}.content", 1, L.CONTENT_MAX_BYTES),
-        "revision": check_int(m.get("revision", 1), f"{where}.revision", 1, L.REVISION_MAX),
-    }
-    out["updated_at"] = check_int(m.get("updated_at", out["timestamp"]), f"{where}.updated_at", out["timestamp"],
-                                  L.TIME_MS_MAX)
+    message_id = canonical_ulid(m["message_id"], f"{where}.message_id")
+    session_id = check_text(m["session_id"], f"{where}.session_id", 1, L.SESSION_ID_MAX_BYTES)
+    timestamp = check_int(m["timestamp"], f"{where}.timestamp", 0, L.TIME_MS_MAX)
+    role = check_enum(m["role"], f"{where}.role", L.ROLES)
+    content = check_text(m["content"], f"{where}.content", 1, L.CONTENT_MAX_BYTES)
+    revision = check_int(m.get("revision", 1), f"{where}.revision", 1, L.REVISION_MAX)
+    updated_at = check_int(m.get("updated_at", timestamp), f"{where}.updated_at", timestamp, L.TIME_MS_MAX)
     md = m.get("metadata", {})
     if not isinstance(md, dict):
         raise invalid(f"{where}.metadata must be an object")
-    out["metadata"] = check_metadata(md, False, f"{where}.metadata")
+    metadata = check_metadata(md, False, f"{where}.metadata")
+    event = None
     if m.get("event") is not None:
         from .history import check_event
 
-        out["event"] = _history_check(check_event, m["event"], f"{where}.event")
-    else:
-        out["event"] = None
-    return out
+        event = _history_check(check_event, m["event"], f"{where}.event")
+    return R.ImportedMessage(message_id=message_id, session_id=session_id, timestamp=timestamp, role=role,
+                             content=content, revision=revision, updated_at=updated_at, metadata=metadata,
+                             event=event)
 
 
-def validate_export_messages(raw: Any) -> dict[str, Any]:
+def validate_export_messages(raw: Any) -> R.ExportMessages:
     """A page of the store in creation order, every field (event facts and session metadata too):
     what ``convmem export`` writes, so that an import recreates the store, not only its text."""
     a = _Args(raw, "export_messages")
-    return a.done({
-        "after_seq": a.get("after_seq", lambda v: check_int(v, "after_seq", 0, 2**62), 0),
-        "limit": a.get("limit", lambda v: check_int(v, "limit", 1, L.IMPORT_BATCH_MAX), L.IMPORT_BATCH_MAX),
-        "session_id": a.get("session_id", _session_id, None),
-    })
+    return a.done(R.ExportMessages(
+        after_seq=a.get("after_seq", lambda v: check_int(v, "after_seq", 0, 2**62), 0),
+        limit=a.get("limit", lambda v: check_int(v, "limit", 1, L.IMPORT_BATCH_MAX), L.IMPORT_BATCH_MAX),
+        session_id=a.get("session_id", _session_id, None),
+    ))
 
 
-def validate_no_args(tool: str) -> Callable[[Any], dict[str, Any]]:
-    def check(raw: Any) -> dict[str, Any]:
-        return _Args(raw, tool).done({})
+def validate_no_args(tool: str, request: type) -> Callable[[Any], Any]:
+    def check(raw: Any) -> Any:
+        return _Args(raw, tool).done(request())
     return check
 
 
-def validate_rebuild_status(raw: Any) -> dict[str, Any]:
+def validate_rebuild_status(raw: Any) -> R.RebuildStatus:
     a = _Args(raw, "rebuild_status")
-    return a.done({"rebuild_id": a.get("rebuild_id", lambda v: canonical_ulid(v, "rebuild_id"))})
+    return a.done(R.RebuildStatus(rebuild_id=a.get("rebuild_id", lambda v: canonical_ulid(v, "rebuild_id"))))
 
 
-VALIDATORS: dict[str, Callable[[Any], dict[str, Any]]] = {
+VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "write_message": validate_write_message,
     "update_message": validate_update_message,
     "read_messages": validate_read_messages,
     "search_messages": validate_search_messages,
     "delete_message": validate_delete_message,
-    "rebuild_index": validate_no_args("rebuild_index"),
-    "get_system_health": validate_no_args("get_system_health"),
-    "ping": validate_no_args("ping"),
+    "rebuild_index": validate_no_args("rebuild_index", R.RebuildIndex),
+    "get_system_health": validate_no_args("get_system_health", R.GetSystemHealth),
+    "ping": validate_no_args("ping", R.Ping),
     "rebuild_status": validate_rebuild_status,
     "import_messages": validate_import_messages,
     "export_messages": validate_export_messages,
 }
 
 
-def validate(op: str, args: Any) -> dict[str, Any]:
+def validate(op: str, args: Any) -> Any:
+    """The request (``protocol.requests``) of a first-family op or a daemon op; raises ProtocolError."""
     return VALIDATORS[op](args)

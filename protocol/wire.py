@@ -8,6 +8,7 @@ happens (entries per container, containers per frame), then the nesting depth an
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgpack
@@ -134,15 +135,16 @@ def decode_envelope(frame: bytes) -> tuple[str, Any, str, Any]:
     return op, obj.get("args"), rid, obj.get("context")
 
 
-def validate_args(op: str, args: Any, context: Any = None) -> dict[str, Any]:
-    """An op's validated arguments (history tools: ``HistoryError``; the rest: ``ProtocolError``)."""
+def validate_args(op: str, args: Any, context: Any = None) -> Any:
+    """An op's request (``protocol.requests``) from its arguments and, for the tools that take one, the
+    request context (history tools: ``HistoryError``; the rest: ``ProtocolError``)."""
     out = _ALL_VALIDATORS[op](args)
     if op in H.LAUNCH_CONTEXT_TOOLS:
-        out["launch"] = H.validate_launch(context)
+        out = dataclasses.replace(out, launch=H.validate_launch(context))
     return out
 
 
-def decode_request(frame: bytes) -> tuple[str, dict[str, Any], str]:
-    """Return (op, validated args, request_id). Raises ProtocolError (or HistoryError for history tools)."""
+def decode_request(frame: bytes) -> tuple[str, Any, str]:
+    """Return (op, request, request_id). Raises ProtocolError (or HistoryError for history tools)."""
     op, args, rid, context = decode_envelope(frame)
     return op, validate_args(op, args, context), rid

@@ -21,6 +21,7 @@ import os
 from typing import Any, Callable
 
 from protocol import history as H
+from protocol import requests as R
 from protocol.errors import ProtocolError
 from protocol.history import HistoryError, iso_ms
 
@@ -322,16 +323,16 @@ class HistoryViews:
         return msg
 
     # ================================================================ search_sessions
-    def search_sessions(self, a: dict[str, Any]) -> dict[str, Any]:
-        req = a["request"]
+    def search_sessions(self, a: R.SearchSessions) -> dict[str, Any]:
+        req = a.echo
         store = self.store
         by_seq = store.by_seq
         types = frozenset(req["event_types"])
         harness, source = req["harness"], req["source"]
         sid_only: str | None = None
         lo = hi = None
-        if a["within"] is not None:
-            kind, token = a["within"]
+        if a.within is not None:
+            kind, token = a.within
             if kind == "session":
                 sid_only = self._session_of(token, "within_id")
             else:
@@ -401,14 +402,14 @@ class HistoryViews:
         return _ok(req, data, warnings)
 
     # ================================================================ open
-    def open(self, a: dict[str, Any]) -> dict[str, Any]:
-        req = a["request"]
-        if a["cursor"] is not None:
-            target, limit, after, epoch, served = self._open_cursor(a["cursor"])
+    def open(self, a: R.Open) -> dict[str, Any]:
+        req = a.echo
+        if a.cursor is not None:
+            target, limit, after, epoch, served = self._open_cursor(a.cursor)
             kind, token = target.split(":", 1)
         else:
-            kind, token = a["id"]
-            target, limit, after, epoch, served = req["id"], a["limit"], None, None, 0
+            kind, token = a.target
+            target, limit, after, epoch, served = req["id"], a.limit, None, None, 0
         if kind == "event":
             data = self._open_event(self._event_of(token, "id"))
         elif kind == "turn":
@@ -610,9 +611,9 @@ class HistoryViews:
         }
 
     # ================================================================ list_sessions
-    def list_sessions(self, a: dict[str, Any]) -> dict[str, Any]:
-        req = a["request"]
-        start_ms, end_ms = a["start"], a["end"]
+    def list_sessions(self, a: R.ListSessions) -> dict[str, Any]:
+        req = a.echo
+        start_ms, end_ms = a.start, a.end
         desc = req["sort"] == "desc"
         # the window as instants: "09:00+09:00" and "00:00Z" are the same listing
         scope = json.dumps([start_ms, end_ms, req["mode"], req["harness"], req["source"], req["sort"]])
@@ -671,31 +672,31 @@ class HistoryViews:
         return _ok(req, data, warnings)
 
     # ================================================================ file_attention
-    def file_attention(self, a: dict[str, Any]) -> dict[str, Any]:
-        req = a["request"]
-        launch = a["launch"]
+    def file_attention(self, a: R.FileAttention) -> dict[str, Any]:
+        req = a.echo
+        launch = a.launch
         store = self.store
-        tail = launch.get("tail") or req["path"]
-        absolute = bool(launch.get("tail_is_absolute")) or (launch.get("tail") is None and os.path.isabs(req["path"]))
+        tail = launch.tail or req["path"]
+        absolute = bool(launch.tail_is_absolute) or (launch.tail is None and os.path.isabs(req["path"]))
         if not absolute:
             tail = os.path.normpath(tail)
             if tail.startswith("../") or tail == "..":
                 raise HistoryError(H.INVALID_REQUEST, "path resolves outside the launch project; pass an absolute "
                                                       "path", {"field": "path"})
-        project = launch.get("project")
+        project = launch.project
         if req["scope"] == "project" and not project:
             raise HistoryError(H.INVALID_REQUEST, "scope 'project' needs the launch directory's project identity "
                                                   "(a git repository or the launch directory), which could not be "
                                                   "established (over HTTP the client must declare its roots); pass "
                                                   "scope 'all'", {"field": "scope"})
-        if req["scope"] == "project" and (absolute or (launch.get("path_project") not in (None, project))):
+        if req["scope"] == "project" and (absolute or (launch.path_project not in (None, project))):
             # the file lies in another project (or in none): its tail means a different file here
             return self._attention_reply(req, tail, absolute, launch, [], False, [
                 "path_outside_launch_project: the path is not in the project this client was launched in, so "
                 "no touch of it is in scope; pass scope 'all' to see every project's touches of it"])
         name = tail.rsplit("/", 1)[-1]
         tool = req["tool"].casefold() if req["tool"] is not None else None
-        start, end = a["start"], a["end"]
+        start, end = a.start, a.end
         touches: list[tuple[Message, tuple, str]] = []
         scanned = 0
         truncated_scan = False
@@ -740,7 +741,7 @@ class HistoryViews:
                 break
         return self._attention_reply(req, tail, absolute, launch, touches, truncated_scan)
 
-    def _attention_reply(self, req: dict[str, Any], tail: str, absolute: bool, launch: dict[str, Any],
+    def _attention_reply(self, req: dict[str, Any], tail: str, absolute: bool, launch: R.Launch,
                          touches: list[tuple[Message, tuple, str]], truncated_scan: bool,
                          extra_warnings: list[str] = ()) -> dict[str, Any]:
         key = self.key
@@ -774,7 +775,7 @@ class HistoryViews:
             "path": req["path"],
             "tail": tail,
             "tail_is_absolute": absolute,
-            "stripped_root": launch.get("stripped_root"),
+            "stripped_root": launch.stripped_root,
             "scope": req["scope"],
             "granularity": req["granularity"],
             "summary": summary,
@@ -841,13 +842,13 @@ class HistoryViews:
         return _ok(req, data, warnings)
 
     # ================================================================ get_ingest_status
-    def get_ingest_status(self, a: dict[str, Any], rebuilding: bool) -> dict[str, Any]:
+    def get_ingest_status(self, a: R.GetIngestStatus, rebuilding: bool) -> dict[str, Any]:
         store = self.store
         data = store.ingest.status(store.last_error, rebuilding)
-        return _ok(a["request"], data)
+        return _ok(a.echo, data)
 
 
-def handlers(views: HistoryViews, rebuilding: Callable[[], bool]) -> dict[str, Callable[[dict[str, Any]], dict]]:
+def handlers(views: HistoryViews, rebuilding: Callable[[], bool]) -> dict[str, Callable[[Any], dict]]:
     return {
         "search_sessions": views.search_sessions,
         "open": views.open,

@@ -20,6 +20,8 @@ import time
 from collections import deque
 from typing import Any
 
+from protocol.requests import IngestHeartbeat
+
 # A heartbeat older than this many of its own intervals (and at least STALE_MIN_MS) is stale.
 STALE_INTERVALS = 3
 STALE_MIN_MS = 15_000
@@ -75,9 +77,10 @@ class IngestState:
             self.apply(src, key, value, size)
 
     # ---------------------------------------------------------------- volatile: heartbeats
-    def heartbeat(self, hb: dict[str, Any]) -> None:
+    def heartbeat(self, req: IngestHeartbeat) -> None:
         now = self._wall_ms()
-        hb = dict(hb, received_at=now)
+        hb = {"instance": req.instance, "started_at": req.started_at, "interval_ms": req.interval_ms,
+              "sources": list(req.sources), "final": req.final, "received_at": now}
         self.heartbeats[hb["instance"]] = hb
         done = sum(s["bytes_completed"] for s in hb["sources"])
         total = sum(s["bytes_total"] for s in hb["sources"])

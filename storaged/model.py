@@ -12,6 +12,7 @@ from sys import intern
 from typing import Any
 
 from protocol.history import FILE_FIELDS, ROLE_EVENT_TYPE
+from protocol.requests import Event, Metadata
 
 
 class Message:
@@ -109,13 +110,10 @@ class Message:
             "metadata": self.metadata(),
         }
 
-    def metadata_values(self) -> dict[str, Any]:
-        """The metadata in validation's normalised form, to merge a partial update into."""
-        return {
-            "tool_call_id": self.tool_call_id, "tags": self.tags, "memory_tier": self.tier,
-            "memory_kind": self.kind, "importance": self.importance, "summary": self.summary,
-            "relations": self.relations, "source_message_ids": self.source_ids,
-        }
+    def metadata_values(self) -> Metadata:
+        """The metadata as validation builds it, to merge a partial update into."""
+        return Metadata(self.tool_call_id, self.tags, self.tier, self.kind, self.importance, self.summary,
+                        self.relations, self.source_ids)
 
     def body_bytes(self) -> int:
         return str_bytes(self.content)
@@ -158,20 +156,19 @@ def str_bytes(s: str) -> int:
 
 
 def message_from_args(message_id: str, session_id: str, seq: int, ts: int, role: str, content: str,
-                      md: dict[str, Any], event: dict[str, Any] | None = None) -> Message:
-    """A new message from validated arguments; ``event`` (imported transcripts) adds its event facts."""
+                      md: Metadata, event: Event | None = None) -> Message:
+    """A new message from a validated request's parts; ``event`` (imported transcripts) adds its event facts."""
     etype = tool = ext = None
     if event is not None:
-        etype, tool = intern(event["type"]), event["tool_name"]
+        etype, tool = intern(event.etype), event.tool
         if tool is not None:
             tool = intern(tool)
-        if event["is_error"] is not None or event["exit_code"] is not None or event["model"] is not None \
-                or event["files"]:
-            model = intern(event["model"]) if event["model"] is not None else None
-            ext = (event["is_error"], event["exit_code"], model, tuple(event["files"]))
-    return Message(message_id, session_id, seq, ts, role, content, 1, ts, md["tool_call_id"], tuple(md["tags"]),
-                   md["memory_tier"], md["memory_kind"], md["importance"], md["summary"],
-                   tuple(md["relations"]), tuple(md["source_message_ids"]), 0, etype, tool, ext)
+        if event.is_error is not None or event.exit_code is not None or event.model is not None or event.files:
+            model = intern(event.model) if event.model is not None else None
+            ext = (event.is_error, event.exit_code, model, tuple(event.files))
+    return Message(message_id, session_id, seq, ts, role, content, 1, ts, md.tool_call_id, tuple(md.tags),
+                   md.tier, md.kind, md.importance, md.summary, tuple(md.relations), tuple(md.source_ids), 0,
+                   etype, tool, ext)
 
 
 RECORD_FIELDS = 19      # fields of a message in a log record (a snapshot row adds rec_size after them)

@@ -35,6 +35,7 @@ import zmq
 from protocol import errors as E
 from protocol import history as H
 from protocol import limits as L
+from protocol import requests as R
 from protocol import wire
 from protocol.errors import ProtocolError, error_reply
 from protocol.history import HistoryError
@@ -145,7 +146,7 @@ class Server:
         self.rebuild_started = 0.0
         self.snapshot_child: tuple[int, int, float] | None = None  # (pid, log position, started)
         self.snapshot_every_records = SNAPSHOT_EVERY_RECORDS  # 0 turns background snapshots off
-        self.handlers: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {}
+        self.handlers: dict[str, Callable[[Any, str], dict[str, Any]]] = {}  # op -> handler(request, rid)
         self.loader: threading.Thread | None = None
         self.load_outcome: tuple[str, Any] | None = None
         self.load_error: BaseException | None = None
@@ -170,7 +171,7 @@ class Server:
             "export_messages": lambda a, rid: views.export_messages(store, a),
             "ingest_heartbeat": self._ingest_heartbeat,
             "ingest_checkpoints": lambda a, rid: {"status": "OK",
-                                                  "checkpoints": store.ingest.of_source(a["source"])},
+                                                  "checkpoints": store.ingest.of_source(a.source)},
         }
         for op, fn in history_handlers(history, lambda: store.rebuilding).items():
             self.handlers[op] = lambda a, rid, fn=fn: fn(a)
@@ -386,21 +387,21 @@ class Server:
         self.stopping = True
 
     # ---------------------------------------------------------------- small ops
-    def _ping(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
+    def _ping(self, args: R.Ping, rid: str) -> dict[str, Any]:
         return {"status": "OK", "pid": os.getpid(), "rebuilding": self.store.rebuilding, "loading": False,
                 **self.identity}
 
-    def _ingest_heartbeat(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
+    def _ingest_heartbeat(self, args: R.IngestHeartbeat, rid: str) -> dict[str, Any]:
         self.store.ingest.heartbeat(args)
         return {"status": "OK"}
 
-    def _health(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
+    def _health(self, args: R.GetSystemHealth, rid: str) -> dict[str, Any]:
         health = self.store.health()
         health["rebuilding"] = self.store.rebuilding
         return health
 
     # ---------------------------------------------------------------- rebuild beside the loop
-    def _rebuild_index(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
+    def _rebuild_index(self, args: R.RebuildIndex, rid: str) -> dict[str, Any]:
         if rid in self.rebuild_results:
             return self.rebuild_results[rid]
         if self.store.rebuilding:
@@ -479,8 +480,8 @@ class Server:
             while len(self.rebuild_results) > REBUILD_RESULTS_KEPT:
                 self.rebuild_results.pop(next(iter(self.rebuild_results)))
 
-    def _rebuild_status(self, args: dict[str, Any], rid: str) -> dict[str, Any]:
-        wanted = args["rebuild_id"]
+    def _rebuild_status(self, args: R.RebuildStatus, rid: str) -> dict[str, Any]:
+        wanted = args.rebuild_id
         if self.store.rebuilding and wanted == self.rebuild_id:
             return self._rebuilding_reply()
         if wanted in self.rebuild_results:

@@ -25,6 +25,7 @@ from typing import Any
 
 from protocol import errors as E
 from protocol import limits as L
+from protocol import requests as R
 from protocol.errors import ProtocolError
 
 from . import log as logfile
@@ -505,31 +506,30 @@ class Store:
         reply["message"] = msg.to_dict()
         return reply
 
-    def write_message(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
+    def write_message(self, req: R.WriteMessage, rid: str | None = None) -> dict[str, Any]:
         self._check_writable()
         repeat = self._repeat(rid, "w")
         if repeat is not None:
             return repeat
         message_id, ts = self.clock.new_id()
         seq = self.last_seq + 1
-        msg = message_from_args(message_id, args["session_id"], seq, ts, args["role"], args["content"],
-                                args["metadata"])
+        msg = message_from_args(message_id, req.session_id, seq, ts, req.role, req.content, req.metadata)
         msg.rec_size = self._append(["w", rid, msg.fields()])
         self._insert(msg)
         self._after_record(rid, "w", message_id, 1, seq, ts)
         return {"status": "OK", "message": msg.to_dict()}
 
-    def update_message(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
+    def update_message(self, req: R.UpdateMessage, rid: str | None = None) -> dict[str, Any]:
         self._check_writable()
         repeat = self._repeat(rid, "u")
         if repeat is not None:
             return repeat
-        old = self.live(args["message_id"])
-        check_revision(old, args["expected_revision"])
+        old = self.live(req.message_id)
+        check_revision(old, req.expected_revision)
         md = old.metadata_values()
-        if args["metadata"]:
-            md.update(args["metadata"])
-        content = args["content"] if args["content"] is not None else old.content
+        if req.metadata is not None:
+            md = req.metadata.apply(md)
+        content = req.content if req.content is not None else old.content
         if content == old.content and md == old.metadata_values():
             return {"status": "OK", "changed": False, "message": old.to_dict()}
         seq = self.last_seq + 1
@@ -543,13 +543,13 @@ class Store:
         self._after_record(rid, "u", new.message_id, new.revision, seq, new.updated_at)
         return {"status": "OK", "changed": True, "message": new.to_dict()}
 
-    def delete_message(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
+    def delete_message(self, req: R.DeleteMessage, rid: str | None = None) -> dict[str, Any]:
         self._check_writable()
         repeat = self._repeat(rid, "d")
         if repeat is not None:
             return repeat
-        msg = self.by_id.get(args["message_id"])
-        if msg is None or (args["session_id"] is not None and args["session_id"] != msg.session_id):
+        msg = self.by_id.get(req.message_id)
+        if msg is None or (req.session_id is not None and req.session_id != msg.session_id):
             return {"status": "NOT_FOUND"}
         seq = self.last_seq + 1
         now = self.clock.now_ms()
@@ -559,7 +559,7 @@ class Store:
         self._after_record(rid, "d", msg.message_id, 0, seq, now)
         return {"status": "OK"}
 
-    def import_messages(self, args: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
+    def import_messages(self, req: R.ImportMessages, rid: str | None = None) -> dict[str, Any]:
         """Store exported (or transcript) messages as they are: ids, times, revisions, metadata, event
         facts — with the metadata of their sessions and the ingester's checkpoints, if given.
 
@@ -574,23 +574,23 @@ class Store:
         future = 0
         seq = self.last_seq
         clock = self.clock
-        for m in args["messages"]:
-            if m["message_id"] in self.by_id or m["message_id"] in seen:
+        for m in req.messages:
+            if m.message_id in self.by_id or m.message_id in seen:
                 existing += 1
                 continue
-            seen.add(m["message_id"])
+            seen.add(m.message_id)
             seq += 1
-            msg = message_from_args(m["message_id"], m["session_id"], seq, m["timestamp"], m["role"], m["content"],
-                                    m["metadata"], m["event"])
-            msg.revision, msg.updated_at = m["revision"], m["updated_at"]
+            msg = message_from_args(m.message_id, m.session_id, seq, m.timestamp, m.role, m.content, m.metadata,
+                                    m.event)
+            msg.revision, msg.updated_at = m.revision, m.updated_at
             if clock.beyond_id(msg.message_id) or clock.beyond_ms(msg.timestamp) or clock.beyond_ms(msg.updated_at):
                 future += 1  # stored as it is; the clock does not observe it (see idgen)
             fresh.append(msg)
-        metas = [(sid, fields) for sid, fields in args["sessions"]
-                 if fields and any(self.session_meta.get(sid, {}).get(k) != v for k, v in fields.items())]
+        metas = [(s.session_id, s.fields) for s in req.sessions
+                 if s.fields and any(self.session_meta.get(s.session_id, {}).get(k) != v for k, v in s.fields.items())]
         records = [["s", None, sid, fields] for sid, fields in metas]
         records += [["w", None, msg.fields()] for msg in fresh]
-        records += [["k", None, src, key, value] for src, key, value in args["checkpoints"]]
+        records += [["k", None, c.source, c.key, c.value] for c in req.checkpoints]
         if records:
             sizes = self._append_many(records)
             for (sid, fields), size in zip(metas, sizes):
@@ -601,8 +601,8 @@ class Store:
                 self._after_record(None, "w", msg.message_id, msg.revision, msg.seq, msg.timestamp)
                 self.clock.observe_id(msg.message_id)
                 self.clock.observe_ms(msg.updated_at)
-            for (src, key, value), size in zip(args["checkpoints"], sizes[len(metas) + len(fresh):]):
-                self.ingest.apply(src, key, value, size)
+            for c, size in zip(req.checkpoints, sizes[len(metas) + len(fresh):]):
+                self.ingest.apply(c.source, c.key, c.value, size)
         if future:
             LOG.warning("import: %d messages carry an id or time more than %d h beyond the wall clock; stored as "
                         "they are, the clock of new writes ignores them", future, L.CLOCK_SKEW_MAX_MS // 3_600_000)

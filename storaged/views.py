@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from protocol import limits as L
+from protocol import requests as R
 from protocol.errors import invalid
 
 from . import cursor
@@ -54,22 +55,22 @@ def message_json_bytes(m: Message) -> int:
     return n
 
 
-def read_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
-    return _VIEWS[a["view"]](store, a)
+def read_messages(store: Store, a: R.ReadMessages) -> dict[str, Any]:
+    return _VIEWS[type(a)](store, a)
 
 
 # -- history --------------------------------------------------------------------------------------
-def history(store: Store, a: dict[str, Any]) -> dict[str, Any]:
-    sid = a["session_id"]
+def history(store: Store, a: R.ReadHistory) -> dict[str, Any]:
+    sid = a.session_id
     after = 0
-    if a["cursor"] is not None:
-        (after,) = _position(cursor.decode(store.cursor_key, a["cursor"], "history", sid), 1)
+    if a.cursor is not None:
+        (after,) = _position(cursor.decode(store.cursor_key, a.cursor, "history", sid), 1)
     session = store.sessions.get(sid)
     seqs = session.seqs if session is not None else []
     i = bisect.bisect_right(seqs, after)
     out: list[dict[str, Any]] = []
     used = 0
-    while i < len(seqs) and len(out) < a["limit"]:
+    while i < len(seqs) and len(out) < a.limit:
         msg = store.by_seq[seqs[i]]
         size = message_json_bytes(msg)
         if out and used + size > L.RESPONSE_BUDGET_BYTES:
@@ -90,17 +91,17 @@ def _position(pos: Any, n: int) -> list[Any]:
 
 
 # -- content --------------------------------------------------------------------------------------
-def content(store: Store, a: dict[str, Any]) -> dict[str, Any]:
-    msg = store.live(a["message_id"])
-    check_revision(msg, a["expected_revision"])
+def content(store: Store, a: R.ReadContent) -> dict[str, Any]:
+    msg = store.live(a.message_id)
+    check_revision(msg, a.expected_revision)
     data = msg.content.encode("utf-8")
     total = len(data)
-    off = a["content_offset"]
+    off = a.content_offset
     if off > total:
         raise invalid("content_offset must not be beyond the end of the content (total_bytes)")
     if off < total and (data[off] & 0xC0) == 0x80:
         raise invalid("content_offset must be on a UTF-8 code point boundary")
-    end = min(off + a["content_limit"], total)
+    end = min(off + a.content_limit, total)
     if end < total:
         cut = end
         while cut > off and (data[cut] & 0xC0) == 0x80:
@@ -122,12 +123,12 @@ def content(store: Store, a: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- context --------------------------------------------------------------------------------------
-def context(store: Store, a: dict[str, Any]) -> dict[str, Any]:
-    msg = store.live(a["message_id"])
+def context(store: Store, a: R.ReadContext) -> dict[str, Any]:
+    msg = store.live(a.message_id)
     session = store.sessions[msg.session_id]
     idx = bisect.bisect_left(session.seqs, msg.seq)
-    before_seqs = session.seqs[max(0, idx - a["before"]):idx]
-    after_seqs = session.seqs[idx + 1: idx + 1 + a["after"]]
+    before_seqs = session.seqs[max(0, idx - a.before):idx]
+    after_seqs = session.seqs[idx + 1: idx + 1 + a.after]
     budget = _Budget()
     truncated = False
     reply_msg = msg.to_dict()
@@ -142,7 +143,7 @@ def context(store: Store, a: dict[str, Any]) -> dict[str, Any]:
             chrono[side].append(m.to_dict())
     relations: list[dict[str, Any]] = []
     if not truncated:
-        truncated = _traverse(store, msg, a["relation_depth"], frozenset(a["relation_types"]), budget, relations)
+        truncated = _traverse(store, msg, a.relation_depth, frozenset(a.relation_types), budget, relations)
     return {
         "message": reply_msg,
         "chronological_context": chrono,
@@ -222,7 +223,7 @@ def session_summary(store: Store, sid: str) -> dict[str, Any]:
     }
 
 
-def sessions(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+def sessions(store: Store, a: R.ReadSessions) -> dict[str, Any]:
     """Sessions by (started_at, session_id), ascending or descending, optionally only those active in
     [since, until): a session is in the window if it has a message at or after ``since`` and started
     before ``until``. started_at and last_message_at are the earliest and latest timestamps of the
@@ -231,13 +232,13 @@ def sessions(store: Store, a: dict[str, Any]) -> dict[str, Any]:
     served twice (``storaged/sessionorder.py``)."""
     journal = store.session_order
     order = journal.order(store.sessions)
-    since, until, desc = a["since"], a["until"], a["order"] == "desc"
-    scope = f"{since}|{until}|{a['order']}"
+    since, until, desc = a.since, a.until, a.order == "desc"
+    scope = f"{since}|{until}|{a.order}"
     moved: dict[str, int] = {}
     nonce, clock = journal.nonce, journal.clock
     bound: tuple[int, str] | None = None
-    if a["cursor"] is not None:
-        pos = cursor.decode(store.cursor_key, a["cursor"], "sessions", scope)
+    if a.cursor is not None:
+        pos = cursor.decode(store.cursor_key, a.cursor, "sessions", scope)
         started, sid, nonce, clock = _position(pos, 4)
         if not (isinstance(started, int) and isinstance(sid, str) and isinstance(nonce, str)
                 and isinstance(clock, int)):
@@ -268,7 +269,7 @@ def sessions(store: Store, a: dict[str, Any]) -> dict[str, Any]:
         if then is not None and bound is not None and ((then, key[1]) >= bound if desc else (then, key[1]) <= bound):
             i += step  # it moved here from the pages already served
             continue
-        if len(out) >= a["limit"]:
+        if len(out) >= a.limit:
             more = True
             break
         item = session_summary(store, key[1])
@@ -286,7 +287,7 @@ def sessions(store: Store, a: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-_VIEWS = {"history": history, "content": content, "context": context, "sessions": sessions}
+_VIEWS = {R.ReadHistory: history, R.ReadContent: content, R.ReadContext: context, R.ReadSessions: sessions}
 
 
 # -- search ---------------------------------------------------------------------------------------
@@ -319,13 +320,13 @@ def _search_text(m: Message) -> str:
     return m.content if m.summary is None else m.content + "\n" + m.summary
 
 
-def search_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+def search_messages(store: Store, a: R.SearchMessages) -> dict[str, Any]:
     by_seq = store.by_seq
-    sid = a["session_id"]
-    kinds = a["filters"]["kinds"]
-    tiers = a["filters"]["tiers"]
-    tags = a["filters"]["tags"]
-    min_imp = a["min_importance"]
+    sid = a.session_id
+    kinds = a.kinds
+    tiers = a.tiers
+    tags = a.tags
+    min_imp = a.min_importance
 
     def accept(doc: int) -> bool:
         m = by_seq.get(doc)
@@ -337,7 +338,7 @@ def search_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
             return False
         return not tags or all(t in m.tags for t in tags)
 
-    hits = ranked_search(store.search, a["query"], a["limit"], accept, lambda d: (by_seq[d].importance, d),
+    hits = ranked_search(store.search, a.query, a.limit, accept, lambda d: (by_seq[d].importance, d),
                          neighbours=session_neighbours(store), text_of=lambda d: _search_text(by_seq[d]))
     results: list[dict[str, Any]] = []
     used = 0
@@ -354,8 +355,8 @@ def search_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
         item["matched_fields"] = [f for f in L.SEARCH_SCORE_PARTS if breakdown[f] > 0]
         item["relation_count"] = len(msg.relations) + len(store.relations.incoming_of(msg.message_id))
         size = message_json_bytes(msg) + 200
-        if a["context_size"] > 0:
-            preview = _neighbours(store, msg, a["context_size"])
+        if a.context_size > 0:
+            preview = _neighbours(store, msg, a.context_size)
             item["context_preview"] = preview
             size += sum(message_json_bytes(by_seq_msg) for by_seq_msg in _preview_msgs(store, preview))
         if results and used + size > L.RESPONSE_BUDGET_BYTES:
@@ -372,20 +373,20 @@ def _preview_msgs(store: Store, preview: dict[str, list[dict[str, Any]]]):
 
 
 # -- export (the admin tool's full read) --------------------------------------------------------------
-def export_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
+def export_messages(store: Store, a: R.ExportMessages) -> dict[str, Any]:
     """Messages after ``after_seq`` in creation order with every field; a session's metadata travels
     just before its first message, so a file written page by page can be imported line by line."""
     by_seq = store.by_seq
     out: list[dict[str, Any]] = []
     sessions: list[dict[str, Any]] = []
     used = 0
-    if a["session_id"] is not None:
-        s = store.sessions.get(a["session_id"])
-        seqs = s.seqs[bisect.bisect_right(s.seqs, a["after_seq"]):] if s is not None else []
+    if a.session_id is not None:
+        s = store.sessions.get(a.session_id)
+        seqs = s.seqs[bisect.bisect_right(s.seqs, a.after_seq):] if s is not None else []
         candidates = iter(seqs)
     else:
-        candidates = iter(range(a["after_seq"] + 1, store.last_seq + 1))  # seqs rise; deleted ones are gaps
-    last = a["after_seq"]
+        candidates = iter(range(a.after_seq + 1, store.last_seq + 1))  # seqs rise; deleted ones are gaps
+    last = a.after_seq
     for seq in candidates:
         m = by_seq.get(seq)
         last = seq
@@ -405,10 +406,10 @@ def export_messages(store: Store, a: dict[str, Any]) -> dict[str, Any]:
         item["_seq"] = seq
         out.append(item)
         used += size
-        if len(out) >= a["limit"]:
+        if len(out) >= a.limit:
             break
-    more = bool(out) and (last < store.last_seq if a["session_id"] is None
-                          else last < store.sessions[a["session_id"]].seqs[-1])
+    more = bool(out) and (last < store.last_seq if a.session_id is None
+                          else last < store.sessions[a.session_id].seqs[-1])
     for item in out:
         item.pop("_seq")
     return {"status": "OK", "messages": out, "sessions": sessions, "next_after": last if more else None}

@@ -424,7 +424,7 @@ def test_import_batch_limits(store):
         with pytest.raises(ProtocolError) as info:
             validate("import_messages", {"messages": messages})
         assert info.value.code == E.VALIDATION_ERROR and "messages" in str(info.value)
-    assert len(validate("import_messages", {"messages": [msg(i) for i in range(L.IMPORT_BATCH_MAX)]})["messages"]) \
+    assert len(validate("import_messages", {"messages": [msg(i) for i in range(L.IMPORT_BATCH_MAX)]}).messages) \
         == L.IMPORT_BATCH_MAX
     for item in ([msg(2)], "text", 42, None):
         with pytest.raises(ProtocolError) as info:

@@ -512,7 +512,7 @@ def test_file_attention_time_window_precision():
     with pytest.raises(HistoryError):
         args("file_attention", {"path": "a/b.py", "start_datetime": "2026-01-01T00:00:00.1234Z"})
     ok = args("file_attention", {"path": "a/b.py", "start_datetime": "2026-01-01T00:00:00.123Z"})
-    assert ok["start"] == T0 + 123
+    assert ok.start == T0 + 123
 
 
 # ----------------------------------------------------------------------- ingest status and coverage
@@ -531,7 +531,7 @@ def test_coverage_and_ingest_status(store, book, views):
     store.ingest.heartbeat(wire.validate_args("ingest_heartbeat", hb))
     r = views.search_sessions(q)
     assert r["data"]["coverage"]["state"] == "partial" and r["warnings"][0].startswith("coverage_partial")
-    status = views.get_ingest_status({"request": {}}, False)["data"]
+    status = views.get_ingest_status(args("get_ingest_status", {}), False)["data"]
     conds = {c["condition_type"]: (c["state"], c["reason"]) for c in status["conditions"]}
     assert conds["coverage"] == ("false", "backfill_in_progress") and conds["readiness"] == ("true", "ready")
     assert status["current"]["progress"]["backlog_bytes"] == 91

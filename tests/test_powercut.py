@@ -284,10 +284,10 @@ def _ingest_run(seed: int, root: str) -> list[str]:
                 args, offset = _ingest_batch(rng, i, offset)
                 in_flight = ("ingest", args)
                 store.import_messages(args)
-                for m in args["messages"]:
-                    acked[m["message_id"]] = _event_state(store)[m["message_id"]]
-                acked_cp = args["checkpoints"][0][2]
-                acked_meta[args["sessions"][0][0]] = args["sessions"][0][1]["title"]
+                for m in args.messages:
+                    acked[m.message_id] = _event_state(store)[m.message_id]
+                acked_cp = args.checkpoints[0].value
+                acked_meta[args.sessions[0].session_id] = args.sessions[0].fields["title"]
             elif roll < 0.88:
                 in_flight = ("snapshot", None)
                 store.write_snapshot()
@@ -312,9 +312,9 @@ def _ingest_run(seed: int, root: str) -> list[str]:
             problems.append(f"seed {seed}: acknowledged event {mid} {'lost' if mid not in state else 'differs'}")
     cp = s.ingest.checkpoints.get(("codex", "/home/u/.codex/sessions/rollout.jsonl"))
     flying = in_flight[1] if in_flight and in_flight[0] == "ingest" else None
-    if flying is not None and cp == flying["checkpoints"][0][2]:
+    if flying is not None and cp == flying.checkpoints[0].value:
         # the in-flight batch's checkpoint made it: so did every one of its events (never ahead of them)
-        missing = [m["message_id"] for m in flying["messages"] if m["message_id"] not in state]
+        missing = [m.message_id for m in flying.messages if m.message_id not in state]
         if missing:
             problems.append(f"seed {seed}: checkpoint stored without its events {missing}")
     elif cp != acked_cp:
@@ -322,13 +322,13 @@ def _ingest_run(seed: int, root: str) -> list[str]:
     for sid, title in acked_meta.items():
         if s.session_meta.get(sid, {}).get("title") is None:
             problems.append(f"seed {seed}: session metadata of {sid} lost")
-    extra = set(state) - set(acked) - ({m["message_id"] for m in flying["messages"]} if flying else set())
+    extra = set(state) - set(acked) - ({m.message_id for m in flying.messages} if flying else set())
     if extra:
         problems.append(f"seed {seed}: unexpected events {sorted(extra)[:3]}")
     if flying is not None:   # the ingester retries its batch: everything once, checkpoint in place
         s.import_messages(flying)
-        if s.ingest.checkpoints.get(("codex", "/home/u/.codex/sessions/rollout.jsonl")) != flying["checkpoints"][0][2] \
-                or any(m["message_id"] not in s.by_id for m in flying["messages"]):
+        if s.ingest.checkpoints.get(("codex", "/home/u/.codex/sessions/rollout.jsonl")) != flying.checkpoints[0].value \
+                or any(m.message_id not in s.by_id for m in flying.messages):
             problems.append(f"seed {seed}: retried batch did not complete")
     s.close()
     return problems

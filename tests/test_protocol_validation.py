@@ -11,6 +11,8 @@ import pytest
 
 from protocol import limits as L
 from protocol.errors import VALIDATION_ERROR, ProtocolError
+from protocol.requests import (REQUEST_TYPES, DeleteMessage, Metadata, MetadataPatch, ReadContent, ReadContext,
+                               ReadHistory, SearchMessages, UpdateMessage)
 from protocol.validation import validate
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,16 +73,16 @@ def mb(n: int, ch: str = "é") -> str:
 class TestWriteMessage:
     def test_minimal_defaults(self):
         out = ok("write_message", W())
-        assert out["metadata"] == {
-            "tool_call_id": None, "tags": (), "memory_tier": "short", "memory_kind": "conversation",
-            "importance": 50, "summary": None, "relations": (), "source_message_ids": (),
-        }
+        assert out.metadata == Metadata(
+            tool_call_id=None, tags=(), tier="short", kind="conversation", importance=50, summary=None,
+            relations=(), source_ids=(),
+        )
 
     @pytest.mark.parametrize("ch", ["é", "日", "😀"])
     def test_session_id_bytes_not_chars(self, ch):
         sid = mb(256, ch)
         assert len(sid) < 256  # multibyte: fewer characters than bytes
-        assert ok("write_message", W(session_id=sid))["session_id"] == sid
+        assert ok("write_message", W(session_id=sid)).session_id == sid
         bad("write_message", W(session_id=sid + "x"), "session_id")
         # as many characters as the limit allows bytes, but too many bytes
         bad("write_message", W(session_id=ch * 256), "session_id")
@@ -91,9 +93,9 @@ class TestWriteMessage:
         bad("write_message", W(session_id=SECRET + "x" * 300), "session_id")
 
     def test_content_one_mib(self):
-        assert len(ok("write_message", W(content="a" * L.MiB))["content"]) == L.MiB
+        assert len(ok("write_message", W(content="a" * L.MiB)).content) == L.MiB
         emoji = "😀" * (L.MiB // 4)
-        assert ok("write_message", W(content=emoji))["content"] == emoji
+        assert ok("write_message", W(content=emoji)).content == emoji
         bad("write_message", W(content=SECRET + "a" * (L.MiB + 1 - len(SECRET))), "content")
         bad("write_message", W(content=emoji + "a"), "content")
         bad("write_message", W(content=""), "content")
@@ -104,7 +106,7 @@ class TestWriteMessage:
 
     @pytest.mark.parametrize("role", ["user", "assistant", "system"])
     def test_roles(self, role):
-        assert ok("write_message", W(role=role))["role"] == role
+        assert ok("write_message", W(role=role)).role == role
 
     def test_bad_role(self):
         bad("write_message", W(role=SECRET), "role")
@@ -138,33 +140,33 @@ class TestWriteMessage:
 class TestMetadata:
     def test_tool_call_id(self):
         t = mb(256, "日")
-        assert ok("write_message", MD(tool_call_id=t))["metadata"]["tool_call_id"] == t
+        assert ok("write_message", MD(tool_call_id=t)).metadata.tool_call_id == t
         bad("write_message", MD(tool_call_id=t + "a"), "metadata_json.tool_call_id")
         bad("write_message", MD(tool_call_id=5), "metadata_json.tool_call_id")
 
     def test_tags(self):
         tags = [f"t{i}" for i in range(32)]
-        assert ok("write_message", MD(tags=tags))["metadata"]["tags"] == tuple(tags)
+        assert ok("write_message", MD(tags=tags)).metadata.tags == tuple(tags)
         bad("write_message", MD(tags=tags + [SECRET]), "metadata_json.tags")
-        assert ok("write_message", MD(tags=[mb(128)]))["metadata"]["tags"] == (mb(128),)
+        assert ok("write_message", MD(tags=[mb(128)])).metadata.tags == (mb(128),)
         bad("write_message", MD(tags=[SECRET + mb(129 - len(SECRET))]), "metadata_json.tags")
         bad("write_message", MD(tags=[""]), "metadata_json.tags")
         bad("write_message", MD(tags=SECRET), "metadata_json.tags")
         bad("write_message", MD(tags=[1]), "metadata_json.tags")
-        assert ok("write_message", MD(tags=[]))["metadata"]["tags"] == ()
+        assert ok("write_message", MD(tags=[])).metadata.tags == ()
 
     def test_summary(self):
         s = mb(4096, "😀")
-        assert ok("write_message", MD(summary=s))["metadata"]["summary"] == s
+        assert ok("write_message", MD(summary=s)).metadata.summary == s
         bad("write_message", MD(summary=SECRET + mb(4097 - len(SECRET))), "metadata_json.summary")
-        assert ok("write_message", MD(summary=""))["metadata"]["summary"] is None  # empty = unset
-        assert ok("update_message", {"message_id": ULID_A, "metadata_json": '{"summary": ""}'})["metadata"] == {
-            "summary": None}
+        assert ok("write_message", MD(summary="")).metadata.summary is None  # empty = unset
+        patch = ok("update_message", {"message_id": ULID_A, "metadata_json": '{"summary": ""}'}).metadata
+        assert patch == MetadataPatch(summary=None)
         bad("write_message", MD(summary=[SECRET]), "metadata_json.summary")
 
     def test_relations(self):
         rel = [{"type": "derived_from", "message_id": ULID_A}] * 32
-        out = ok("write_message", MD(relations=rel))["metadata"]["relations"]
+        out = ok("write_message", MD(relations=rel)).metadata.relations
         assert out == (("derived_from", ULID_A),) * 32
         bad("write_message", MD(relations=rel + rel[:1]), "metadata_json.relations")
         bad("write_message", MD(relations=[{"type": SECRET, "message_id": ULID_A}]), "metadata_json.relations")
@@ -175,21 +177,20 @@ class TestMetadata:
         bad("write_message", MD(relations=[[SECRET, ULID_A]]), "metadata_json.relations")
         bad("write_message", MD(relations={"type": SECRET}), "metadata_json.relations")
         for t in L.RELATION_TYPES:
-            assert ok("write_message", MD(relations=[{"type": t, "message_id": ULID_B.lower()}]))[
-                "metadata"]["relations"] == ((t, ULID_B),)
+            out = ok("write_message", MD(relations=[{"type": t, "message_id": ULID_B.lower()}]))
+            assert out.metadata.relations == ((t, ULID_B),)
 
     def test_source_message_ids(self):
         ids = [ULID_A] * 64
-        assert ok("write_message", MD(source_message_ids=ids))["metadata"]["source_message_ids"] == tuple(ids)
+        assert ok("write_message", MD(source_message_ids=ids)).metadata.source_ids == tuple(ids)
         bad("write_message", MD(source_message_ids=ids + [ULID_B]), "metadata_json.source_message_ids")
         for non_ulid in [SECRET, ULID_A[:-1], ULID_A + "0", "8" + ULID_A[1:], ULID_A[:-1] + "U", 12]:
             bad("write_message", MD(source_message_ids=[non_ulid]), "metadata_json.source_message_ids")
-        assert ok("write_message", MD(source_message_ids=[ULID_A.lower()]))["metadata"][
-            "source_message_ids"] == (ULID_A,)
+        assert ok("write_message", MD(source_message_ids=[ULID_A.lower()])).metadata.source_ids == (ULID_A,)
 
     @pytest.mark.parametrize("value,expected", [(0, 0), (100, 100), (50.0, 50), (7, 7)])
     def test_importance_ok(self, value, expected):
-        out = ok("write_message", W(metadata_json=json.dumps({"importance": value})))["metadata"]["importance"]
+        out = ok("write_message", W(metadata_json=json.dumps({"importance": value}))).metadata.importance
         assert out == expected and type(out) is int
 
     @pytest.mark.parametrize("text", ['-1', '101', 'true', 'false', '50.5', '"50"', 'null', '1e400', 'NaN', '[50]'])
@@ -198,9 +199,9 @@ class TestMetadata:
 
     def test_enums(self):
         for tier in L.MEMORY_TIERS:
-            assert ok("write_message", MD(memory_tier=tier))["metadata"]["memory_tier"] == tier
+            assert ok("write_message", MD(memory_tier=tier)).metadata.tier == tier
         for kind in L.MEMORY_KINDS:
-            assert ok("write_message", MD(memory_kind=kind))["metadata"]["memory_kind"] == kind
+            assert ok("write_message", MD(memory_kind=kind)).metadata.kind == kind
         bad("write_message", MD(memory_tier=SECRET), "metadata_json.memory_tier")
         bad("write_message", MD(memory_kind=SECRET), "metadata_json.memory_kind")
         bad("write_message", MD(memory_kind="Semantic"), "metadata_json.memory_kind")
@@ -231,15 +232,15 @@ class TestMetadata:
 class TestUpdateMessage:
     def test_partial_metadata(self):
         out = ok("update_message", {"message_id": ULID_A.lower(), "metadata_json": '{"importance": 9}'})
-        assert out == {"message_id": ULID_A, "content": None, "metadata": {"importance": 9},
-                       "expected_revision": None}
+        assert out == UpdateMessage(message_id=ULID_A, content=None, metadata=MetadataPatch(importance=9),
+                                    expected_revision=None)
 
     def test_needs_content_or_metadata(self):
         bad("update_message", {"message_id": ULID_A}, "content")
         bad("update_message", {"message_id": ULID_A, "expected_revision": 1}, "metadata_json")
 
     def test_content_limits(self):
-        assert ok("update_message", {"message_id": ULID_A, "content": "a" * L.MiB})["content"]
+        assert ok("update_message", {"message_id": ULID_A, "content": "a" * L.MiB}).content
         bad("update_message", {"message_id": ULID_A, "content": mb(L.MiB + 1, "日")}, "content")
         bad("update_message", {"message_id": ULID_A, "content": ""}, "content")
 
@@ -257,8 +258,8 @@ class TestUpdateMessage:
 
     @pytest.mark.parametrize("rev,expected", [(1, 1), (2.0, 2), (2**63 - 1, 2**63 - 1)])
     def test_expected_revision_ok(self, rev, expected):
-        assert ok("update_message", {"message_id": ULID_A, "content": "x", "expected_revision": rev})[
-            "expected_revision"] == expected
+        out = ok("update_message", {"message_id": ULID_A, "content": "x", "expected_revision": rev})
+        assert out.expected_revision == expected
 
     def test_metadata_rules_apply(self):
         bad("update_message", {"message_id": ULID_A, "metadata_json": '{"importance": 101}'},
@@ -280,7 +281,7 @@ SESSIONS = {"view": "sessions"}
 class TestReadMessages:
     def test_default_view_is_history(self):
         out = ok("read_messages", {"session_id": "s"})
-        assert out == {"view": "history", "limit": 100, "cursor": None, "session_id": "s"}
+        assert out == ReadHistory(limit=100, cursor=None, session_id="s")
 
     def test_bad_view(self):
         bad("read_messages", {"view": SECRET}, "view")
@@ -289,13 +290,13 @@ class TestReadMessages:
     @pytest.mark.parametrize("base", [HIST, CONTENT, CONTEXT, SESSIONS])
     def test_limit_edges(self, base):
         for good in (1, 1000):
-            assert ok("read_messages", dict(base, limit=good))["limit"] == good
+            assert ok("read_messages", dict(base, limit=good)).limit == good
         for wrong in (0, 1001, -1, "10", True, 10.5):
             bad("read_messages", dict(base, limit=wrong), "limit")
 
     @pytest.mark.parametrize("base", [HIST, SESSIONS])
     def test_cursor_edges(self, base):
-        assert ok("read_messages", dict(base, cursor="x" * 1024))["cursor"] == "x" * 1024
+        assert ok("read_messages", dict(base, cursor="x" * 1024)).cursor == "x" * 1024
         bad("read_messages", dict(base, cursor=SECRET + "x" * 1024), "cursor")
         bad("read_messages", dict(base, cursor=""), "cursor")
         bad("read_messages", dict(base, cursor=5), "cursor")
@@ -308,12 +309,12 @@ class TestReadMessages:
 
     def test_sessions_checks_but_ignores_session_id(self):
         # the contract: the sessions view "does not use" session_id — accepted, still checked
-        assert "session_id" not in validate("read_messages", dict(SESSIONS, session_id="s1"))
+        assert not hasattr(validate("read_messages", dict(SESSIONS, session_id="s1")), "session_id")
         bad("read_messages", dict(SESSIONS, session_id=mb(257, "日")), "session_id")
 
     @pytest.mark.parametrize("base", [CONTENT, CONTEXT])
     def test_common_cursor_is_accepted_by_every_view(self, base):
-        assert validate("read_messages", dict(base, cursor="abc"))["cursor"] == "abc"
+        assert validate("read_messages", dict(base, cursor="abc")).cursor == "abc"
         bad("read_messages", dict(base, cursor=""), "cursor")
 
     @pytest.mark.parametrize("base,param,value", [
@@ -330,41 +331,40 @@ class TestReadMessages:
     def test_message_id_required_and_checked(self, base):
         bad("read_messages", {"view": base["view"]}, "message_id")
         bad("read_messages", dict(base, message_id=SECRET), "message_id")
-        assert ok("read_messages", dict(base, message_id=ULID_A.lower()))["message_id"] == ULID_A
+        assert ok("read_messages", dict(base, message_id=ULID_A.lower())).message_id == ULID_A
 
     def test_content_defaults(self):
-        assert ok("read_messages", CONTENT) == {
-            "view": "content", "limit": 100, "cursor": None, "message_id": ULID_A, "content_offset": 0,
-            "content_limit": 4096, "expected_revision": None}
+        assert ok("read_messages", CONTENT) == ReadContent(
+            limit=100, cursor=None, message_id=ULID_A, content_offset=0, content_limit=4096, expected_revision=None)
 
     def test_content_offset_and_limit(self):
         for off in (0, L.MiB):
-            assert ok("read_messages", dict(CONTENT, content_offset=off))["content_offset"] == off
+            assert ok("read_messages", dict(CONTENT, content_offset=off)).content_offset == off
         for off in (-1, L.MiB + 1, "0", True):
             bad("read_messages", dict(CONTENT, content_offset=off), "content_offset")
         for lim in (1, 65536):
-            assert ok("read_messages", dict(CONTENT, content_limit=lim))["content_limit"] == lim
+            assert ok("read_messages", dict(CONTENT, content_limit=lim)).content_limit == lim
         for lim in (0, 65537, -5, "1", False):
             bad("read_messages", dict(CONTENT, content_limit=lim), "content_limit")
         bad("read_messages", dict(CONTENT, expected_revision=0), "expected_revision")
-        assert ok("read_messages", dict(CONTENT, expected_revision=3))["expected_revision"] == 3
+        assert ok("read_messages", dict(CONTENT, expected_revision=3)).expected_revision == 3
 
     def test_context_defaults(self):
-        assert ok("read_messages", CONTEXT) == {
-            "view": "context", "limit": 100, "cursor": None, "message_id": ULID_A, "before": 1, "after": 1,
-            "relation_depth": 1, "relation_types": L.RELATION_TYPES}
+        assert ok("read_messages", CONTEXT) == ReadContext(
+            limit=100, cursor=None, message_id=ULID_A, before=1, after=1, relation_depth=1,
+            relation_types=L.RELATION_TYPES)
 
     @pytest.mark.parametrize("param,lo,hi", [("before", 0, 10), ("after", 0, 10), ("relation_depth", 0, 2)])
     def test_context_ranges(self, param, lo, hi):
         for good in (lo, hi):
-            assert ok("read_messages", dict(CONTEXT, **{param: good}))[param] == good
+            assert getattr(ok("read_messages", dict(CONTEXT, **{param: good})), param) == good
         for wrong in (lo - 1, hi + 1, "1", [1], True):
             bad("read_messages", dict(CONTEXT, **{param: wrong}), param)
 
     def test_relation_types_json(self):
         out = ok("read_messages", dict(CONTEXT, relation_types_json='["derived_from","supersedes"]'))
-        assert out["relation_types"] == ("derived_from", "supersedes")
-        assert ok("read_messages", dict(CONTEXT, relation_types_json="[]"))["relation_types"] == ()
+        assert out.relation_types == ("derived_from", "supersedes")
+        assert ok("read_messages", dict(CONTEXT, relation_types_json="[]")).relation_types == ()
         for text in [SECRET, '["' + SECRET + '"]', '{"a": 1}', "[1]", '"derived_from"', "["]:
             bad("read_messages", dict(CONTEXT, relation_types_json=text), "relation_types_json")
         bad("read_messages", dict(CONTEXT, relation_types_json=["derived_from"]), "relation_types_json")
@@ -373,12 +373,11 @@ class TestReadMessages:
 # ---------------------------------------------------------------------------------------- search
 class TestSearchMessages:
     def test_defaults(self):
-        assert ok("search_messages", {"query": "q"}) == {
-            "query": "q", "session_id": None, "filters": {"kinds": None, "tiers": None, "tags": ()},
-            "min_importance": 0, "context_size": 0, "limit": 20}
+        assert ok("search_messages", {"query": "q"}) == SearchMessages(
+            query="q", session_id=None, kinds=None, tiers=None, tags=(), min_importance=0, context_size=0, limit=20)
 
     def test_query(self):
-        assert ok("search_messages", {"query": mb(4096, "日")})["query"] == mb(4096, "日")
+        assert ok("search_messages", {"query": mb(4096, "日")}).query == mb(4096, "日")
         bad("search_messages", {"query": SECRET + mb(4097 - len(SECRET), "日")}, "query")
         bad("search_messages", {"query": ""}, "query")
         bad("search_messages", {}, "query")
@@ -387,20 +386,20 @@ class TestSearchMessages:
     @pytest.mark.parametrize("param,lo,hi", [("min_importance", 0, 100), ("context_size", 0, 3), ("limit", 1, 100)])
     def test_ranges(self, param, lo, hi):
         for good in (lo, hi):
-            assert ok("search_messages", {"query": "q", param: good})[param] == good
+            assert getattr(ok("search_messages", {"query": "q", param: good}), param) == good
         for wrong in (lo - 1, hi + 1, "5", True, 1.5):
             bad("search_messages", {"query": "q", param: wrong}, param)
 
     def test_session_id(self):
-        assert ok("search_messages", {"query": "q", "session_id": mb(256)})["session_id"] == mb(256)
+        assert ok("search_messages", {"query": "q", "session_id": mb(256)}).session_id == mb(256)
         bad("search_messages", {"query": "q", "session_id": mb(257)}, "session_id")
         bad("search_messages", {"query": "q", "session_id": ""}, "session_id")
 
     def test_filters_json(self):
         out = ok("search_messages", {"query": "q", "filters_json": json.dumps(
             {"kinds": ["semantic", "preference"], "tiers": ["mid"], "tags": ["a", "b"]})})
-        assert out["filters"] == {"kinds": frozenset({"semantic", "preference"}), "tiers": frozenset({"mid"}),
-                                  "tags": ("a", "b")}
+        assert (out.kinds, out.tiers, out.tags) == (frozenset({"semantic", "preference"}), frozenset({"mid"}),
+                                                    ("a", "b"))
         for text, field in [
             (SECRET, "filters_json"), ('["' + SECRET + '"]', "filters_json"), ("null", "filters_json"),
             (json.dumps({"colour": SECRET}), "filters_json"), (json.dumps({"kinds": SECRET}), "filters_json.kinds"),
@@ -418,8 +417,8 @@ class TestSearchMessages:
 # ---------------------------------------------------------------------------------------- delete / no-arg tools
 class TestDeleteAndNoArgTools:
     def test_delete(self):
-        assert ok("delete_message", {"message_id": ULID_A.lower()}) == {"message_id": ULID_A, "session_id": None}
-        assert ok("delete_message", {"message_id": ULID_A, "session_id": mb(256)})["session_id"] == mb(256)
+        assert ok("delete_message", {"message_id": ULID_A.lower()}) == DeleteMessage(ULID_A, session_id=None)
+        assert ok("delete_message", {"message_id": ULID_A, "session_id": mb(256)}).session_id == mb(256)
         bad("delete_message", {"message_id": ULID_A, "session_id": mb(257)}, "session_id")
         bad("delete_message", {"message_id": ULID_A, "session_id": ""}, "session_id")
         bad("delete_message", {"message_id": SECRET}, "message_id")
@@ -428,6 +427,6 @@ class TestDeleteAndNoArgTools:
 
     @pytest.mark.parametrize("tool", ["rebuild_index", "get_system_health"])
     def test_no_arguments(self, tool):
-        assert ok(tool, {}) == {} and ok(tool, None) == {}
+        assert ok(tool, {}) == REQUEST_TYPES[tool]() and ok(tool, None) == REQUEST_TYPES[tool]()
         bad(tool, {"force": SECRET}, "force")
         bad(tool, [SECRET], "arguments")
