@@ -501,14 +501,20 @@ class QueryScores:
 
     def totals(self, docs) -> dict[int, float]:
         """doc → own score over all searched fields, for the given docs that score anything."""
-        if not self._rest:
+        docs = list(docs)
+        if not docs:
+            return {}
+        dm = self._index._docmap
+        if not dm.extra and 0 <= min(docs) and max(docs) < len(dm.arr):
             # docmap holds live slots only (-1 for the rest, which acc never holds): all in C
-            docs = list(docs)
-            dm = self._index._docmap
-            if not docs or not dm.extra and 0 <= min(docs) and max(docs) < len(dm.arr):
-                vals = list(map(self._acc.get, map(dm.arr.__getitem__, docs), repeat(0.0)))
+            slots = list(map(dm.arr.__getitem__, docs))
+            if not self._rest:
+                vals = list(map(self._acc.get, slots, repeat(0.0)))
                 return dict(compress(zip(docs, vals), vals))
-        by_slot = self._slots(docs)
+            by_slot = dict(zip(slots, docs))
+            by_slot.pop(-1, None)
+        else:
+            by_slot = self._slots(docs)
         if not by_slot:
             return {}
         get = self._acc.get
@@ -1143,11 +1149,48 @@ class SearchIndex:
         bench/search_quality.py is unchanged.  Past a budget the result is approximate in which
         docs are returned, never in their scores: every Hit's score and breakdown are exact.
         """
+        pool, _, lists, scorer = self._pool(query, limit, accept, fields)
+        if not pool:
+            return [], scorer
+        slot_doc = self._slot_doc
+
+        # Exact per-field scores for the finalists, then the final order.
+        pool.sort()
+        c, sm, t = _field_scores(lists, pool)
+        hits = [Hit(slot_doc[s], c[j] + sm[j] + t[j], c[j], sm[j], t[j]) for j, s in enumerate(pool)]
+        if tiebreak is None:
+            return nlargest(limit, hits, key=lambda h: (h.score, h.doc)), scorer
+        return nlargest(limit, hits, key=lambda h: (h.score, tiebreak(h.doc))), scorer
+
+    def search_own(
+        self,
+        query: str,
+        limit: int,
+        accept: Callable[[int], bool] | None = None,
+        tiebreak: Callable[[int], tuple] | None = None,
+        fields: tuple[int, ...] = (0, 1, 2),
+    ) -> tuple[list[tuple[int, float]], "QueryScores"]:
+        """search_scored() without the per-field breakdown: ([(doc, score)], scorer), each score
+        the doc's total as the scorer sums it (QueryScores.totals: lists in query order, where a
+        Hit sums per field first, so the two may differ in the last bit and docs tied to it may
+        swap).  For stages that rerank a pool and want the breakdown of their own finalists only
+        (QueryScores.fields; storaged/rank.py): it saves probing every list for the whole pool."""
+        pool, acc, _, scorer = self._pool(query, limit, accept, fields)
+        slot_doc = self._slot_doc
+        own = [(slot_doc[s], acc[s]) for s in pool]
+        if tiebreak is None:
+            return nlargest(limit, own, key=lambda h: (h[1], h[0])), scorer
+        return nlargest(limit, own, key=lambda h: (h[1], tiebreak(h[0]))), scorer
+
+    def _pool(self, query: str, limit: int, accept, fields) -> tuple[list[int], dict, list, "QueryScores"]:
+        """(pool, acc, lists, scorer): the slots of the acceptable docs scoring within float noise
+        of the limit-th best (see _top_pool), acc holding their exact totals, the query's lists.
+        The body of search_scored(), whose docstring tells the budgets."""
         if limit <= 0 or not self._live:
-            return [], QueryScores(self, [], {}, 0)
+            return [], {}, [], QueryScores(self, [], {}, 0)
         lists = self._query_lists(query, fields)
         if not lists:
-            return [], QueryScores(self, [], {}, 0)
+            return [], {}, [], QueryScores(self, [], {}, 0)
         lists.sort(key=lambda tl: -tl.ub)
         n = len(lists)
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
@@ -1217,15 +1260,7 @@ class SearchIndex:
             for j in range(i, n):
                 lists[j].probe(cands, scores)
             acc = dict(zip(cands, scores))
-        pool = self._top_pool(acc, limit, ok)
-
-        # Exact per-field scores for the finalists, then the final order.
-        pool.sort()
-        c, sm, t = _field_scores(lists, pool)
-        hits = [Hit(slot_doc[s], c[j] + sm[j] + t[j], c[j], sm[j], t[j]) for j, s in enumerate(pool)]
-        if tiebreak is None:
-            return nlargest(limit, hits, key=lambda h: (h.score, h.doc)), scorer
-        return nlargest(limit, hits, key=lambda h: (h.score, tiebreak(h.doc))), scorer
+        return self._top_pool(acc, limit, ok), acc, lists, scorer
 
     @staticmethod
     def _shut_out(acc: dict, bound: float, limit: int, ok: Callable[[int], bool]) -> list | None:
