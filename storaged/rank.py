@@ -17,8 +17,9 @@ Bounded work, never a scan of a session: the core gives a pool of the best candi
 score (POOL docs, filtered and unfiltered); only the messages within R places of those can be
 returned, and neighbours() is asked once per pool doc (a window of ±2R places, which holds the ±R of
 each of them).  The window docs' own scores come from the search's own accumulator
-(SearchIndex.search_scored → QueryScores: a dict lookup, plus a merge with any list MaxScore left
-unscanned), and the context shares of all windows are computed together in a few C-level passes.  Filters
+(SearchIndex.search_own → QueryScores: a dict lookup, plus a merge with any list MaxScore left
+unscanned), and the context shares of all windows are computed together in a few C-level passes; the
+per-field breakdown is computed for the returned hits only (QueryScores.fields).  Filters
 decide what is *returned*; a neighbour's text counts whatever its kind, tier or tags.  A message that
 matches nothing itself can be returned through its neighbours: its own share is 0, the context share
 says why it is there.
