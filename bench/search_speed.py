@@ -23,6 +23,8 @@ import random
 import re
 import sqlite3
 import statistics
+from bisect import bisect_left
+from functools import lru_cache
 import sys
 import time
 from pathlib import Path
@@ -31,15 +33,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from storaged.rank import ranked_search  # noqa: E402
 from storaged.search import SearchIndex  # noqa: E402
+from storaged.tokenize import STOP_WORDS  # noqa: E402
 
 SESSION_LEN = 40  # synthetic sessions: runs of consecutive docs, for the context stage's neighbours
 
 
+@lru_cache(maxsize=None)
+def _session(k: int) -> list[int]:
+    return list(range(k * SESSION_LEN + 1, (k + 1) * SESSION_LEN + 1))
+
+
 def neighbours(doc: int, r: int):
-    lo = (doc - 1) // SESSION_LEN * SESSION_LEN + 1
-    return [d for d in range(doc - 1, max(lo, doc - r) - 1, -1)], [
-        d for d in range(doc + 1, min(lo + SESSION_LEN, doc + r + 1))]
-from storaged.tokenize import STOP_WORDS  # noqa: E402
+    """As the daemon's (storaged/views.py session_neighbours): a bisect in the session's ordered
+    docs and two slices.  Session k holds docs k·SESSION_LEN + 1 .. (k + 1)·SESSION_LEN."""
+    seqs = _session((doc - 1) // SESSION_LEN)
+    i = bisect_left(seqs, doc)
+    return seqs[max(0, i - r):i][::-1], seqs[i + 1:i + 1 + r]
 
 DATA = Path(os.environ.get("CONVMEM_LOCOMO", Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.json"))
 

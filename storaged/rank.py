@@ -17,8 +17,9 @@ Bounded work, never a scan of a session: the core gives a pool of the best candi
 score (POOL docs, filtered and unfiltered); only the messages within R places of those can be
 returned, and neighbours() is asked once per pool doc (a window of ±2R places, which holds the ±R of
 each of them).  The window docs' own scores come from the search's own accumulator
-(SearchIndex.search_scored → QueryScores: a dict lookup, plus a merge with any list MaxScore left
-unscanned), and the context shares of all windows are computed together in a few C-level passes.  Filters
+(SearchIndex.search_own → QueryScores: a dict lookup, plus a merge with any list MaxScore left
+unscanned), and the context shares of all windows are computed together in a few C-level passes; the
+per-field breakdown is computed for the returned hits only (QueryScores.fields).  Filters
 decide what is *returned*; a neighbour's text counts whatever its kind, tier or tags.  A message that
 matches nothing itself can be returned through its neighbours: its own share is 0, the context share
 says why it is there.
@@ -31,7 +32,7 @@ message that only shares some bigrams (ありがとう vs あります) or holds
 from __future__ import annotations
 
 from heapq import nlargest
-from itertools import compress
+from itertools import compress, repeat
 from operator import add
 from typing import Callable, NamedTuple, Sequence
 
@@ -89,18 +90,17 @@ def ranked_search(
         return []
     radius = len(weights) if neighbours is not None else 0
     pool_n = max(POOL_MIN, POOL_FACTOR * limit)
-    hits, scorer = index.search_scored(query, pool_n, None if radius else accept, tiebreak, fields)
-    own: dict[int, tuple[float, float, float]] = {h.doc: (h.content, h.summary, h.tags) for h in hits}
-    pool = list(own)
+    hits, scorer = index.search_own(query, pool_n, None if radius else accept, tiebreak, fields)
+    total = dict(hits)  # doc → own score, all fields (the breakdown: for the finalists only, below)
+    pool = list(total)
     if radius and accept is not None and sum(map(accept, pool)) < limit:
         # a narrow filter: the best acceptable docs may lie outside the unfiltered pool
-        for h in index.search(query, pool_n, accept, tiebreak, fields):
-            if h.doc not in own:
-                own[h.doc] = (h.content, h.summary, h.tags)
-                pool.append(h.doc)
-    if not own:
+        for d, v in index.search_own(query, pool_n, accept, tiebreak, fields)[0]:
+            if d not in total:
+                total[d] = v
+                pool.append(d)
+    if not total:
         return []
-    total = {d: c + s + t for d, (c, s, t) in own.items()}  # own score, all fields
 
     # Every doc within `radius` of the pool may be returned.  One call per pool doc fetches its
     # window of ±2·radius places, which holds the ±radius of each of those docs (a window is cut
@@ -130,7 +130,7 @@ def ranked_search(
         mid += bytes(radius)
         need = set(row)
         need.discard(None)
-        need.difference_update(total)
+        need.difference_update(pool)
         if need:
             total.update(scorer.totals(need))
 
@@ -150,7 +150,7 @@ def ranked_search(
     get = total.get
     scored = []  # (final score, doc, context share)
     if radius:
-        vals = [get(x, 0.0) for x in row]
+        vals = list(map(get, row, repeat(0.0)))
         n = len(row) - radius
         keep = mid[radius:n]
         own_v = list(compress(vals[radius:n], keep))
@@ -172,10 +172,8 @@ def ranked_search(
     else:
         best = nlargest(limit, scored, key=lambda x: (x[0], tiebreak(x[1])))
 
-    # the per-field breakdown of the finalists found only through the context stage
-    missing = [d for _, d, _ in best if d not in own and d in total]
-    if missing:
-        own.update(scorer.fields(missing))
+    # the per-field breakdown, of the finalists only
+    own = scorer.fields([d for _, d, _ in best if d in total])
     zero = (0.0, 0.0, 0.0)
     out = []
     for _, d, ctx in best:

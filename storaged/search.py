@@ -103,6 +103,10 @@ _PREFIX_TERMS = 1
 _PREFIX_SCAN = 256
 _PREFIX_QUERY_BUDGET = 2048
 _PREFIX_WEIGHT = 0.35
+# The sorted prefix list is built off the query path, this many vocabulary terms per step (~5 ms at
+# 1M terms on the project's VM): a query advances the build by one step and, until it is done, runs
+# without prefix expansion; a vocabulary of up to this many terms is ready on its first query.
+_PREFIX_BUILD_STEP = 16384
 _CJK_CHAR = re.compile(
     "[\u3005-\u3007\u3041-\u309f\u30a0-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
     "\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff"
@@ -497,14 +501,20 @@ class QueryScores:
 
     def totals(self, docs) -> dict[int, float]:
         """doc → own score over all searched fields, for the given docs that score anything."""
-        if not self._rest:
+        docs = list(docs)
+        if not docs:
+            return {}
+        dm = self._index._docmap
+        if not dm.extra and 0 <= min(docs) and max(docs) < len(dm.arr):
             # docmap holds live slots only (-1 for the rest, which acc never holds): all in C
-            docs = list(docs)
-            dm = self._index._docmap
-            if not docs or not dm.extra and 0 <= min(docs) and max(docs) < len(dm.arr):
-                vals = list(map(self._acc.get, map(dm.arr.__getitem__, docs), repeat(0.0)))
+            slots = list(map(dm.arr.__getitem__, docs))
+            if not self._rest:
+                vals = list(map(self._acc.get, slots, repeat(0.0)))
                 return dict(compress(zip(docs, vals), vals))
-        by_slot = self._slots(docs)
+            by_slot = dict(zip(slots, docs))
+            by_slot.pop(-1, None)
+        else:
+            by_slot = self._slots(docs)
         if not by_slot:
             return {}
         get = self._acc.get
@@ -535,46 +545,87 @@ def _prefix_candidate(term: str) -> bool:
 class _PrefixVocab:
     """The vocabulary's prefix-matchable terms in sorted order, for prefix expansion.
 
-    Built lazily on the first query that needs it (never for indexes nobody queries that way), not
-    saved by dump() (load() leaves it to be rebuilt).  New terms go to a small sorted side list
-    (insort), merged into the main list once it outgrows 1/16 of it (a linear merge);
-    freed terms stay listed and are skipped by checking the vocabulary, until they are a quarter of
-    the list and it is rebuilt.  Costs one list slot (8 bytes) per listed term: the strings are the
-    vocabulary's own."""
+    Why runs: sorting the whole vocabulary at once (0.9 s at 1M terms) would stall every client of
+    the daemon for that long.  So the list is built in bounded steps (build_step(): the next
+    _PREFIX_BUILD_STEP terms by tid, sorted into a run of their own), started at load() or by the
+    first query that needs it, advanced by each query and, a little, by each add().  Until the
+    last step is done the index is not ``ready`` and queries run without prefix expansion.
+    expansions() reads the runs as the one sorted list they make together (a bisect per run), so
+    what a query finds does not depend on how the runs were cut.  Not saved by dump().
 
-    __slots__ = ("main", "side", "stale")
+    Terms new since the build started go to a small sorted side list (insort), which becomes a run
+    of its own once it outgrows 1/16 of the rest; freed terms stay listed and are skipped by
+    checking the vocabulary, until they are a quarter of the list and a fresh build (in steps, the
+    old list serving meanwhile) replaces it.  Costs one list slot (8 bytes) per listed term: the
+    strings are the vocabulary's own."""
 
-    def __init__(self, vocab) -> None:
-        n = _PREFIX_MIN
-        self.main = sorted([t for t in vocab if len(t) > n and t[0].isalpha()])  # _prefix_candidate, inlined
+    __slots__ = ("runs", "size", "side", "stale", "_terms", "_pos", "_end")
+
+    def __init__(self, terms: list) -> None:
+        self.runs: list[list[str]] = []  # each sorted; together the listed terms
+        self.size = 0  # terms in runs
         self.side: list[str] = []
         self.stale = 0
+        self._terms: list | None = terms  # the index's tid → term list, read in steps until ready
+        self._pos = 0
+        self._end = len(terms)  # terms added later reach add()
+
+    @property
+    def ready(self) -> bool:
+        return self._terms is None
+
+    def build_step(self, budget: int = None) -> bool:
+        """Sort the next ``budget`` (default _PREFIX_BUILD_STEP) terms by tid into a run; True
+        once every term that existed at the start is listed."""
+        terms = self._terms
+        if terms is None:
+            return True
+        hi = min(self._end, self._pos + (budget or _PREFIX_BUILD_STEP))
+        n = _PREFIX_MIN
+        # _prefix_candidate, inlined (freed tids hold None)
+        run = sorted([t for t in terms[self._pos:hi] if t and len(t) > n and t[0].isalpha()])
+        if run:
+            self.runs.append(run)
+            self.size += len(run)
+        self._pos = hi
+        if hi >= self._end:
+            self._terms = None
+        return self._terms is None
 
     def add(self, term: str) -> None:
         if _prefix_candidate(term):
             insort(self.side, term)
-            if len(self.side) > 1024 + (len(self.main) >> 4):
-                self.main += self.side
-                self.main.sort()  # two sorted runs: timsort merges them in one linear pass
+            if len(self.side) > 1024 + (self.size >> 4):
+                self.runs.append(self.side)
+                self.size += len(self.side)
                 self.side = []
 
     def expansions(self, prefix: str, vocab: dict, budget: list[int]) -> list[str]:
-        """Live terms longer than ``prefix`` that begin with it: at most _PREFIX_SCAN looked at per
-        list, and ``budget[0]`` for the whole query (spent in place)."""
-        out = []
-        for lst in (self.main, self.side):
-            i = bisect_left(lst, prefix)
-            part = lst[i:i + min(_PREFIX_SCAN, budget[0])]
-            budget[0] -= len(part)
-            for t in part:
-                if not t.startswith(prefix):
-                    break
-                if t != prefix and t in vocab:
+        """Live terms longer than ``prefix`` that begin with it: at most _PREFIX_SCAN looked at in
+        the runs' sorted order and in the side list, and ``budget[0]`` for the whole query (spent
+        in place)."""
+        out: list[str] = []
+        end = prefix + "\U0010ffff"  # every term beginning with prefix sorts below this
+        for runs in (self.runs, (self.side,)):
+            take = min(_PREFIX_SCAN, budget[0])
+            if take <= 0:
+                break
+            after = 0  # terms sorting at or after prefix: what one sorted list would show
+            found: list[str] = []
+            for lst in runs:
+                i = bisect_left(lst, prefix)
+                after += len(lst) - i
+                found += lst[i:min(i + take, bisect_left(lst, end, i))]
+            budget[0] -= min(take, after)
+            if len(runs) > 1:
+                found.sort()
+            for t in found[:take]:
+                if t != prefix and t in vocab and t not in out:
                     out.append(t)
         return out
 
     def nbytes(self) -> int:
-        return sys.getsizeof(self.main) + sys.getsizeof(self.side)
+        return sum(map(sys.getsizeof, self.runs)) + sys.getsizeof(self.runs) + sys.getsizeof(self.side)
 
 
 class SearchIndex:
@@ -602,7 +653,8 @@ class SearchIndex:
         self._sweep_covers = 0
         self._tables: dict[tuple[float, int], list[float]] = {}
         self._char_terms: dict[str, array] | None = None  # built on first one-char CJK query
-        self._prefix: _PrefixVocab | None = None  # built on first query that can expand a prefix
+        self._prefix: _PrefixVocab | None = None  # started by the first query, built in steps
+        self._prefix_next: _PrefixVocab | None = None  # a rebuild under way (the old one serves)
         # memory accounting, maintained incrementally
         self._n_postings = 0
         self._n_arrays = 0
@@ -628,6 +680,8 @@ class SearchIndex:
             _note_char_term(self._char_terms, term, tid)
         if self._prefix is not None:
             self._prefix.add(term)
+            if self._prefix_next is not None:
+                self._prefix_next.add(term)
         return tid
 
     def add(self, doc: int, content: str, summary: str | None, tags: Sequence[str]) -> None:
@@ -773,6 +827,8 @@ class SearchIndex:
             self._char_terms = None  # it may list this tid, which will be reused
             if self._prefix is not None:
                 self._prefix.stale += 1  # the term stays listed until a rebuild; lookups check vocab
+            if self._prefix_next is not None:
+                self._prefix_next.stale += 1
 
     def compact(self) -> None:
         """Drop all tombstoned postings now, renumber slots densely, free terms left without
@@ -830,16 +886,20 @@ class SearchIndex:
                 else:
                     slots_f[tid] = keys_f[tid] = None
                     maxtf_f[tid] = 0
+        freed = 0
         for tid, term in enumerate(self._terms):
             if term is not None and not used[tid]:
                 del self._vocab[term]
                 self._terms[tid] = None
                 self._free_tids.append(tid)
                 self._term_bytes -= sys.getsizeof(term)
+                freed += 1
         self._n_postings, self._n_arrays, self._n_single = n_post, n_arr, n_single
         self._maxtf_all = [max(m, default=0) for m in self._maxtf]
         self._char_terms = None
-        self._prefix = None
+        for pv in (self._prefix, self._prefix_next):
+            if pv is not None:  # it lists strings, not tids: still valid, the freed terms stale
+                pv.stale += freed
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -861,8 +921,9 @@ class SearchIndex:
         b += sys.getsizeof(self._slot_doc) + sys.getsizeof(self._alive) + self._docmap.nbytes()
         for (_, rows), t in self._tables.items():
             b += sys.getsizeof(t) + (rows << _DL_BITS) * _SIZEOF_FLOAT
-        if self._prefix is not None:
-            b += self._prefix.nbytes()
+        for pv in (self._prefix, self._prefix_next):
+            if pv is not None:
+                b += pv.nbytes()
         if self._char_terms is not None:
             b += sys.getsizeof(self._char_terms) + sum(
                 sys.getsizeof(a) + 2 * _SIZEOF_INT for a in self._char_terms.values()
@@ -901,7 +962,23 @@ class SearchIndex:
             self._char_terms = ct
         return self._char_terms
 
+    def _prefix_step(self) -> _PrefixVocab | None:
+        """Advance the prefix list's build (or a rebuild) by one bounded step (see _PrefixVocab);
+        the list to expand prefixes with, or None while the first build is under way."""
+        pv = self._prefix
+        if pv is None:
+            pv = self._prefix = _PrefixVocab(self._terms)
+        elif pv.ready and self._prefix_next is None and pv.stale * 4 > pv.size + 4096:
+            self._prefix_next = _PrefixVocab(self._terms)
+        if not pv.ready:
+            pv.build_step()
+        elif self._prefix_next is not None and self._prefix_next.build_step():
+            pv = self._prefix = self._prefix_next
+            self._prefix_next = None
+        return pv if pv.ready else None
+
     def _query_lists(self, query: str, fields: tuple[int, ...] = (0, 1, 2)) -> list:
+        prefix_vocab = self._prefix_step()  # every query advances a build under way
         runs = query_runs(query)
         if not runs:
             return []
@@ -948,14 +1025,14 @@ class SearchIndex:
                 for p in (run.terms[0], run.word):
                     if len(p) >= _PREFIX_MIN and p.isalpha():  # words, not codes ("inv2023")
                         prefixes.setdefault(p, run.terms[0])
-        if prefixes:
-            lists.extend(self._prefix_lists(prefixes, weights, tables, fields))
+        if prefixes and prefix_vocab is not None:
+            lists.extend(self._prefix_lists(prefix_vocab, prefixes, weights, tables, fields))
         budget = [_CHAR_EXPANSION_BUDGET]  # shared by all the query's one-character runs
         for ch in dict.fromkeys(singles):
             lists.extend(self._char_lists(ch, tables, weights[ch], fields, budget))
         return lists
 
-    def _prefix_lists(self, prefixes: dict[str, str], exact: Counter, tables, fields) -> list:
+    def _prefix_lists(self, pv: _PrefixVocab, prefixes: dict[str, str], exact: Counter, tables, fields) -> list:
         """Lists for the vocabulary terms the query's words begin (see _PREFIX_MIN): per prefix the
         _PREFIX_TERMS with the most docs among its first _PREFIX_SCAN, each once per query, never a
         term the query holds exactly.  Weight _PREFIX_WEIGHT × idf, the idf capped by the exact
@@ -963,14 +1040,12 @@ class SearchIndex:
         less than the exact word.  The lists are ordinary lists: the scan and probe budgets of
         search() bound their work like any other."""
         vocab = self._vocab
-        if self._prefix is None or self._prefix.stale * 4 > len(self._prefix.main) + 4096:
-            self._prefix = _PrefixVocab(vocab)
         chosen: dict[str, str] = {}  # term → the exact query term it stands in for
         budget = [_PREFIX_QUERY_BUDGET]
         for p, base in prefixes.items():
             if budget[0] <= 0:
                 break
-            found = [t for t in self._prefix.expansions(p, vocab, budget) if t not in exact and t not in chosen]
+            found = [t for t in pv.expansions(p, vocab, budget) if t not in exact and t not in chosen]
             if len(found) > _PREFIX_TERMS:
                 found = nlargest(_PREFIX_TERMS, found, key=lambda t: (self._df(vocab[t]), t))
             for t in found:
@@ -1074,11 +1149,48 @@ class SearchIndex:
         bench/search_quality.py is unchanged.  Past a budget the result is approximate in which
         docs are returned, never in their scores: every Hit's score and breakdown are exact.
         """
+        pool, _, lists, scorer = self._pool(query, limit, accept, fields)
+        if not pool:
+            return [], scorer
+        slot_doc = self._slot_doc
+
+        # Exact per-field scores for the finalists, then the final order.
+        pool.sort()
+        c, sm, t = _field_scores(lists, pool)
+        hits = [Hit(slot_doc[s], c[j] + sm[j] + t[j], c[j], sm[j], t[j]) for j, s in enumerate(pool)]
+        if tiebreak is None:
+            return nlargest(limit, hits, key=lambda h: (h.score, h.doc)), scorer
+        return nlargest(limit, hits, key=lambda h: (h.score, tiebreak(h.doc))), scorer
+
+    def search_own(
+        self,
+        query: str,
+        limit: int,
+        accept: Callable[[int], bool] | None = None,
+        tiebreak: Callable[[int], tuple] | None = None,
+        fields: tuple[int, ...] = (0, 1, 2),
+    ) -> tuple[list[tuple[int, float]], "QueryScores"]:
+        """search_scored() without the per-field breakdown: ([(doc, score)], scorer), each score
+        the doc's total as the scorer sums it (QueryScores.totals: lists in query order, where a
+        Hit sums per field first, so the two may differ in the last bit and docs tied to it may
+        swap).  For stages that rerank a pool and want the breakdown of their own finalists only
+        (QueryScores.fields; storaged/rank.py): it saves probing every list for the whole pool."""
+        pool, acc, _, scorer = self._pool(query, limit, accept, fields)
+        slot_doc = self._slot_doc
+        own = [(slot_doc[s], acc[s]) for s in pool]
+        if tiebreak is None:
+            return nlargest(limit, own, key=lambda h: (h[1], h[0])), scorer
+        return nlargest(limit, own, key=lambda h: (h[1], tiebreak(h[0]))), scorer
+
+    def _pool(self, query: str, limit: int, accept, fields) -> tuple[list[int], dict, list, "QueryScores"]:
+        """(pool, acc, lists, scorer): the slots of the acceptable docs scoring within float noise
+        of the limit-th best (see _top_pool), acc holding their exact totals, the query's lists.
+        The body of search_scored(), whose docstring tells the budgets."""
         if limit <= 0 or not self._live:
-            return [], QueryScores(self, [], {}, 0)
+            return [], {}, [], QueryScores(self, [], {}, 0)
         lists = self._query_lists(query, fields)
         if not lists:
-            return [], QueryScores(self, [], {}, 0)
+            return [], {}, [], QueryScores(self, [], {}, 0)
         lists.sort(key=lambda tl: -tl.ub)
         n = len(lists)
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
@@ -1148,15 +1260,7 @@ class SearchIndex:
             for j in range(i, n):
                 lists[j].probe(cands, scores)
             acc = dict(zip(cands, scores))
-        pool = self._top_pool(acc, limit, ok)
-
-        # Exact per-field scores for the finalists, then the final order.
-        pool.sort()
-        c, sm, t = _field_scores(lists, pool)
-        hits = [Hit(slot_doc[s], c[j] + sm[j] + t[j], c[j], sm[j], t[j]) for j, s in enumerate(pool)]
-        if tiebreak is None:
-            return nlargest(limit, hits, key=lambda h: (h.score, h.doc)), scorer
-        return nlargest(limit, hits, key=lambda h: (h.score, tiebreak(h.doc))), scorer
+        return self._top_pool(acc, limit, ok), acc, lists, scorer
 
     @staticmethod
     def _shut_out(acc: dict, bound: float, limit: int, ok: Callable[[int], bool]) -> list | None:

@@ -618,6 +618,45 @@ def test_prefix_vocabulary_follows_add_remove_compact_and_load():
     assert back.memory_bytes() > before  # the prefix list is counted
 
 
+def test_prefix_vocabulary_is_built_in_bounded_steps_off_the_query_path(monkeypatch):
+    # a large vocabulary is never sorted on one query: each query sorts at most one step of terms
+    # and, until the last step, runs without prefix expansion (exact words still match)
+    from storaged import search as search_mod
+
+    monkeypatch.setattr(search_mod, "_PREFIX_BUILD_STEP", 16)
+    ix = make([(d, f"filler{letters(d)}word number{d}") for d in range(1, 100)]
+              + [(100, "we moved to PostgreSQL"), (101, "postgres it is")])
+    steps = -(-len(ix._terms) // 16)
+    real = search_mod._PrefixVocab.build_step
+    looked = []
+
+    def counting(self, budget=None):
+        before = self._pos
+        done = real(self, budget)
+        looked.append(self._pos - before)
+        return done
+
+    monkeypatch.setattr(search_mod._PrefixVocab, "build_step", counting)
+    for _ in range(steps - 1):
+        assert ids(ix.search("postgres", 5)) == [101]  # the exact word only: the build is under way
+    assert max(looked) <= 16 and not ix._prefix.ready
+    assert ids(ix.search("postgres", 5)) == [101, 100]  # the last step: expansion from now on
+    assert ix._prefix.ready and len(ix._prefix.runs) > 1
+    ix.add(102, "PostgreSQLish", None, ())  # new terms join at once, no build
+    assert ids(ix.search("postgres", 5))[:1] == [101] and 102 in ids(ix.search("postgres", 5))
+
+    # freed terms past a quarter of the list: a rebuild runs in steps while the old list serves
+    for d in range(1, 100):
+        ix.remove(d)
+    ix._prefix.stale += 4096
+    n_looked = len(looked)
+    assert sorted(ids(ix.search("postgres", 5))) == [100, 101, 102]
+    assert ix._prefix_next is not None and len(looked) == n_looked + 1
+    for _ in range(steps):
+        assert sorted(ids(ix.search("postgres", 5))) == [100, 101, 102]
+    assert ix._prefix_next is None and ix._prefix.stale == 0
+
+
 def test_prefix_expansion_work_is_bounded_per_query():
     # many words, each the prefix of many terms: the vocabulary terms looked at stay within the budget
     from storaged import search as search_mod
