@@ -15,11 +15,11 @@ import pytest
 import zmq
 import zmq.auth
 
-from mcp_fixtures import (  # noqa: F401  (fixtures)
+from tests.support.mcp_fixtures import (  # noqa: F401  (fixtures)
     Daemon, Procs, anyio_backend, call, daemon, data_dir, free_port, frontend_cmd, frontend_env, home, http_client,
     procs, read_http_token, wait_port,
 )
-from daemon_proc import run_storaged
+from tests.support.daemon_proc import run_storaged
 
 from protocol.config import http_token_path
 

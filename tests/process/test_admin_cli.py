@@ -23,12 +23,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from admin_cli import CONVMEM, ROOT, FakeTty, cli_cmd, cli_env, convmem, out_json  # noqa: E402
-from daemon_proc import DaemonPool, pid_alive, pids_mentioning  # noqa: E402
-from protocol.config import pid_path  # noqa: E402
-from ulid import ULID  # noqa: E402
+from tests.support.admin_cli import CONVMEM, ROOT, FakeTty, cli_cmd, cli_env, convmem, out_json
+from tests.support.daemon_proc import DaemonPool, pid_alive, pids_mentioning
+from protocol.config import pid_path
+from ulid import ULID
 
 pytestmark = pytest.mark.timeout(120)
 

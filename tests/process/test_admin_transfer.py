@@ -24,22 +24,19 @@ import os
 import pty
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from admin_cli import FakeTty, cli_cmd, cli_env, convmem, out_json, read_jsonl  # noqa: E402
-from daemon_proc import DaemonPool  # noqa: E402
-from protocol import errors as E  # noqa: E402
-from protocol import limits as L  # noqa: E402
-from protocol.errors import ProtocolError  # noqa: E402
-from protocol.validation import validate  # noqa: E402
-from storaged.store import Store  # noqa: E402
-from ulid import ULID  # noqa: E402
+from tests.support.admin_cli import FakeTty, cli_cmd, cli_env, convmem, out_json, read_jsonl
+from tests.support.daemon_proc import DaemonPool
+from protocol import errors as E
+from protocol import limits as L
+from protocol.errors import ProtocolError
+from protocol.validation import validate
+from storaged.store import Store
+from ulid import ULID
 
 pytestmark = pytest.mark.timeout(120)
 

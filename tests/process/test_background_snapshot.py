@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from daemon_proc import Daemon
+from tests.support.daemon_proc import Daemon
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.support import ROOT
+
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_bench_run_quick(tmp_path):

@@ -4,13 +4,13 @@ there at the end, exactly once; nothing unacknowledged may appear twice.
 
 Each writer has its own REQ socket and retries a request that timed out on a new socket with the
 same request id (Lazy Pirate), so a write applied just before a kill is answered with its first
-result instead of being stored twice. The engine is ``daemon_proc.crash_loop`` (also behind
-``bench/crash_loop.py``)."""
+result instead of being stored twice. The engine is ``bench.crash_loop.crash_loop``, the one behind
+``python -m bench.crash_loop`` (which must run without ``tests/``)."""
 from __future__ import annotations
 
 import pytest
 
-from daemon_proc import crash_loop
+from bench.crash_loop import crash_loop
 
 
 def _check(r: dict) -> None:

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import zmq
 
-from daemon_proc import DaemonPool, new_rid, state_of
+from tests.support.daemon_proc import DaemonPool, new_rid, state_of
 from protocol import limits as L
 from storaged.server import HARD_FRAME_CAP
 

@@ -14,7 +14,7 @@ import time
 import pytest
 import zmq
 
-from daemon_proc import DaemonPool, new_rid, run_storaged, state_of
+from tests.support.daemon_proc import DaemonPool, new_rid, run_storaged, state_of
 from storaged import log as logfile
 
 

@@ -18,7 +18,7 @@ import time
 import pytest
 import ulid
 
-from daemon_proc import DaemonPool, NoReply, new_rid, state_of
+from tests.support.daemon_proc import DaemonPool, NoReply, new_rid, state_of
 from protocol import wire
 from protocol.validation import validate
 from storaged import log as logfile

@@ -26,8 +26,9 @@ from typing import Any, Iterator
 import anyio
 import pytest
 
-from daemon_proc import pid_alive as _alive, pids_mentioning as _pids_mentioning
-from mcp_fixtures import anyio_backend, call, free_port, http_client, kill_pid, read_http_token  # noqa: F401
+from tests.support import ROOT
+from tests.support.daemon_proc import pid_alive as _alive, pids_mentioning as _pids_mentioning
+from tests.support.mcp_fixtures import anyio_backend, call, free_port, http_client, kill_pid, read_http_token  # noqa: F401
 
 # The data dir supervisord's programs use (the HTTP front-end keeps its bearer token there).
 _DATA_DIRS: dict[str, Path] = {}
@@ -38,7 +39,6 @@ def Client(url: str) -> Any:  # noqa: N802  (the SDK's client, with the HTTP fro
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
-ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "supervisord.conf"
 BIN_DIR = os.path.dirname(sys.executable)
 N_MESSAGES = 20

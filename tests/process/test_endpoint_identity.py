@@ -13,8 +13,8 @@ from typing import Iterator
 import pytest
 from mcp import Client
 
-from daemon_proc import Daemon, run_storaged
-from mcp_fixtures import anyio_backend, call, stdio_params  # noqa: F401  (fixture)
+from tests.support.daemon_proc import Daemon, run_storaged
+from tests.support.mcp_fixtures import anyio_backend, call, stdio_params  # noqa: F401  (fixture)
 
 from protocol.config import store_id_path
 

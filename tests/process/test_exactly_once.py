@@ -23,7 +23,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcp_fixtures import (  # noqa: F401  (fixtures)
+from tests.support.mcp_fixtures import (  # noqa: F401  (fixtures)
     anyio_backend, call, data_dir, home, kill_daemons_of, pid_file, result_obj, stdio_params,
 )
 

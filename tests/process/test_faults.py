@@ -13,9 +13,9 @@ import time
 import pytest
 from ulid import ULID
 
-from admin_cli import convmem, out_json
-from daemon_proc import Daemon, new_rid, pid_alive
-from faultio import FaultIO, delete, write
+from tests.support.admin_cli import convmem, out_json
+from tests.support.daemon_proc import Daemon, new_rid, pid_alive
+from tests.support.faultio import FaultIO, delete, write
 from protocol import errors as E
 from protocol import limits as L
 from protocol.errors import ProtocolError
@@ -255,7 +255,7 @@ def test_what_a_restart_replays_is_made_durable_before_it_is_acknowledged(tmp_pa
     opening the store must make what it replayed durable first: a power cut afterwards keeps it."""
     import random
 
-    from faultio import NoSyncIO
+    from tests.support.faultio import NoSyncIO
 
     io = NoSyncIO(str(tmp_path))
     store = Store.open(str(tmp_path), io)

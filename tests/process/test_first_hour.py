@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from mcp_fixtures import (  # noqa: F401  (fixtures)
+from tests.support.mcp_fixtures import (  # noqa: F401  (fixtures)
     PYTHON, ROOT, anyio_backend, call, data_dir, frontend_env, home, kill_daemons_of, kill_pid, pid_file,
     stdio_params,
 )

@@ -6,7 +6,7 @@ import zmq
 
 import pytest
 
-from daemon_proc import Daemon, new_rid
+from tests.support.daemon_proc import Daemon, new_rid
 from protocol import wire
 
 pytestmark = pytest.mark.timeout(90)

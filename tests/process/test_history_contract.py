@@ -34,19 +34,19 @@ from typing import Any, Iterator
 import pytest
 from ulid import ULID
 
-from admin_cli import convmem, out_json
-from daemon_proc import Daemon, DaemonPool, new_rid
-from mcp_fixtures import (frontend_cmd, frontend_env, free_port, http_client, kill_pid, read_http_token, stdio_params,
+from tests.support.admin_cli import convmem, out_json
+from tests.support.daemon_proc import Daemon, DaemonPool, new_rid
+from tests.support.mcp_fixtures import (frontend_cmd, frontend_env, free_port, http_client, kill_pid, read_http_token, stdio_params,
                           wait_port)
 
 from protocol import history as H
 from protocol import wire
 from protocol.history import iso_ms
+from tests import support
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures" / "transcripts"
+FIXTURES = support.FIXTURES / "transcripts"
 ALL_TYPES = list(H.EVENT_TYPES)
 WIDE = ("2000-01-01T00:00:00Z", "2100-01-01T00:00:00Z")
 

@@ -20,7 +20,7 @@ import pytest
 import zmq
 from ulid import ULID
 
-from daemon_proc import DaemonPool, new_rid
+from tests.support.daemon_proc import DaemonPool, new_rid
 from protocol import history as H
 from protocol import limits as L
 from protocol import wire
@@ -294,7 +294,7 @@ def test_health_does_not_walk_every_session_per_call(store, monkeypatch):
     """get_system_health used to sum Session.size_bytes over every session on each call (tens of ms
     per call at 100k sessions, on the request loop). With 3000 sessions, 30 health calls with
     writes between them walk the sessions a few times at most (once a second), not 31 (a spy counts the walks; behaviour is real)."""
-    from faultio import write
+    from tests.support.faultio import write
     from storaged import indexes
 
     for i in range(3000):
@@ -316,7 +316,7 @@ def test_health_does_not_walk_every_session_per_call(store, monkeypatch):
 
 
 # ------------------------------------------------------------------------------- 8: stdio JSON-RPC lines
-from mcp_fixtures import daemon, data_dir, frontend_cmd, frontend_env, home, procs  # noqa: E402,F401
+from tests.support.mcp_fixtures import daemon, data_dir, frontend_cmd, frontend_env, home, procs  # noqa: E402,F401
 
 SECRET = "SECRET-b71e"  # planted in every malformed line: stderr must never echo it
 

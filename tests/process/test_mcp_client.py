@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from mcp_fixtures import Daemon, anyio_backend, daemon, data_dir  # noqa: F401  (fixtures)
+from tests.support.mcp_fixtures import Daemon, anyio_backend, daemon, data_dir  # noqa: F401  (fixtures)
 
 from mcpfront.client import DaemonClient, encode_or_error, is_unavailable
 from protocol import limits as L

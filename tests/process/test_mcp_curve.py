@@ -11,7 +11,7 @@ import zmq
 import zmq.auth
 from mcp import Client
 
-from mcp_fixtures import Daemon, anyio_backend, call, free_port, stdio_params  # noqa: F401  (fixture)
+from tests.support.mcp_fixtures import Daemon, anyio_backend, call, free_port, stdio_params  # noqa: F401  (fixture)
 
 from mcpfront.client import UNAVAILABLE_MESSAGE, DaemonClient, is_unavailable, read_curve_client_keys
 

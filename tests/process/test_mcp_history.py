@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from ulid import ULID
 
-from mcp_fixtures import (  # noqa: F401  (fixtures)
+from tests.support.mcp_fixtures import (  # noqa: F401  (fixtures)
     Daemon, anyio_backend, daemon, data_dir, frontend_env, home, kill_daemons_of, procs, result_obj,
     stdio_params,
 )
@@ -27,7 +27,6 @@ from protocol.wire import HISTORY_TOOLS, TOOLS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
-ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_767_225_600_000
 
 
@@ -180,7 +179,7 @@ async def test_unavailable_daemon_is_busy_retryable(data_dir: Path, home: Path) 
 async def test_read_model_refresh_while_the_daemon_loads(data_dir: Path, home: Path, procs) -> None:
     """A daemon still opening its store answers at once: the history family's read_model_refresh (and
     the memory family's BUSY), both retryable with a positive retry_after_ms; then it serves."""
-    from daemon_proc import Client as ZClient, daemon_env
+    from tests.support.daemon_proc import Client as ZClient, daemon_env
     from protocol.config import default_endpoint
 
     env = daemon_env({"CONVMEM_FAULT_LOAD_DELAY_S": "4"})
@@ -276,7 +275,7 @@ async def test_history_over_http(daemon: Daemon, data_dir: Path, home: Path, pro
     import_events(daemon, [ev(1, "s-http", "user_input", "検索のテスト: データベース移行"),
                            ev(2, "s-http", "assistant_response", "移行は来週です")])
     port = start_http(procs, data_dir, home)
-    from mcp_fixtures import http_client, read_http_token
+    from tests.support.mcp_fixtures import http_client, read_http_token
 
     async with http_client(f"http://127.0.0.1:{port}/mcp", read_http_token(data_dir)) as c:
         env = await hcall(c, "search_sessions", {"query": "データベース移行"})

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from mcp_fixtures import (  # noqa: F401  (fixtures)
+from tests.support.mcp_fixtures import (  # noqa: F401  (fixtures)
     Daemon, Procs, anyio_backend, call, daemon, data_dir, free_port, frontend_cmd, frontend_env, home, http_client,
     procs, read_http_token, wait_port,
 )

@@ -15,7 +15,7 @@ import anyio
 import pytest
 import ulid
 
-from mcp_fixtures import (  # noqa: F401  (fixtures)
+from tests.support.mcp_fixtures import (  # noqa: F401  (fixtures)
     Daemon, anyio_backend, daemon, data_dir, frontend_cmd, frontend_env, home, kill_daemons_of, result_obj,
     stdio_params,
 )
@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 import mcp_types as types
 from mcpfront import resources as R
 from protocol import limits as L
+from tests.support import ROOT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -277,7 +278,7 @@ def test_inspector_lists_resources(small: Daemon, data_dir: Path, home: Path) ->
            "--method", "resources/list"]
     env = {**os.environ, **frontend_env(home), "HOME": os.environ.get("HOME", str(home))}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
-                            cwd=Path(__file__).resolve().parent.parent)
+                            cwd=ROOT)
     try:
         out, err = proc.communicate(timeout=100)
     except subprocess.TimeoutExpired:

@@ -15,7 +15,7 @@ import anyio
 import pytest
 from jsonschema import Draft202012Validator
 
-from mcp_fixtures import (  # noqa: F401  (fixtures)
+from tests.support.mcp_fixtures import (  # noqa: F401  (fixtures)
     Daemon, anyio_backend, call, daemon, daemon_pids, data_dir, frontend_cmd, frontend_env, home,
     kill_daemons_of, kill_pid, pid_file, procs, result_obj, stdio_params,
 )

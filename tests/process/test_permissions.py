@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from admin_cli import convmem, out_json
-from daemon_proc import Daemon, run_storaged
+from tests.support.admin_cli import convmem, out_json
+from tests.support.daemon_proc import Daemon, run_storaged
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,9 +21,9 @@ import pytest
 
 import ulid
 
-from daemon_proc import Client as ZClient
-from daemon_proc import pid_alive as _alive, pids_mentioning as _pids_mentioning
-from mcp_fixtures import anyio_backend, call, kill_pid  # noqa: F401  (fixture)
+from tests.support.daemon_proc import Client as ZClient
+from tests.support.daemon_proc import pid_alive as _alive, pids_mentioning as _pids_mentioning
+from tests.support.mcp_fixtures import anyio_backend, call, kill_pid  # noqa: F401  (fixture)
 
 from mcp import Client, StdioServerParameters
 from protocol import wire

@@ -31,10 +31,8 @@ from typing import Any, Callable
 import anyio
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from admin_cli import cli_cmd, cli_env  # noqa: E402
-from daemon_proc import Daemon, DaemonPool  # noqa: E402
+from tests.support.admin_cli import cli_cmd, cli_env
+from tests.support.daemon_proc import Daemon, DaemonPool
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -447,7 +445,7 @@ async def _file_attention(data_dir: str, home: Path, cwd: Path, *calls: dict) ->
     """file_attention through a real MCP stdio front-end launched in ``cwd`` (the front-end adds the
     launch context the daemon op needs); its process ends with the client session."""
     from mcp import Client, StdioServerParameters
-    from mcp_fixtures import frontend_cmd, frontend_env
+    from tests.support.mcp_fixtures import frontend_cmd, frontend_env
 
     cmd = frontend_cmd(data_dir, "--no-spawn")
     params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=frontend_env(home), cwd=str(cwd))

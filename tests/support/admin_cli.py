@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
+
 _SCRIPT = Path(sys.executable).with_name("convmem")
 CONVMEM = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "admin"]
 

@@ -19,13 +19,9 @@ from typing import Any, Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # running from a checkout without the package installed
-    sys.path.insert(0, str(ROOT))
-
-from daemon_proc import Daemon  # noqa: E402
-
-from protocol.config import pid_path  # noqa: E402
+from protocol.config import pid_path
+from tests.support import ROOT
+from tests.support.daemon_proc import Daemon
 
 PYTHON = sys.executable
 

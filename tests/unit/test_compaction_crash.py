@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from faultio import FaultIO, PowerCut, TrackingIO, delete, live_state, rid, update, write
+from tests.support.faultio import FaultIO, PowerCut, TrackingIO, delete, live_state, rid, update, write
 from protocol import errors as E
 from protocol.errors import ProtocolError
 from storaged import compaction

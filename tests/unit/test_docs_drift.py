@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from mcpfront import docs  # noqa: E402
-from mcpfront.tools import ALL_TOOLS, INPUT_SCHEMAS  # noqa: E402
+from mcpfront import docs
+from mcpfront.tools import ALL_TOOLS, INPUT_SCHEMAS
+from tests.support import ROOT
 
 REGENERATE = "docs/ is out of date with the code: run `python -m mcpfront.docs` and commit docs/"
 

@@ -18,6 +18,7 @@ from storaged import handles
 from storaged.compaction import rebuild
 from storaged.history import HistoryViews
 from storaged.store import Store
+from tests.support import FIXTURES
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -570,9 +571,8 @@ def test_ingest_state_survives_restart_and_rebuild(tmp_path):
 
 def test_release_0_1_data_directory_opens_with_events(tmp_path):
     import shutil
-    from pathlib import Path
 
-    src = Path(__file__).parent / "fixtures" / "store-v1"
+    src = FIXTURES / "store-v1"
     shutil.copytree(src, tmp_path / "d", ignore=shutil.ignore_patterns("expected.json"))
     s = Store.open(str(tmp_path / "d"))
     assert s.snapshot_valid and not s.last_error

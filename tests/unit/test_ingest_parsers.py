@@ -13,8 +13,9 @@ from ingest import claude, codex, gemini
 from ingest.events import Event, FileTouch, Malformed, SessionInfo
 from ingest.tooltouch import exit_code_in, time_ms, touches
 from protocol import history as H
+from tests.support import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "transcripts"
+FIX = FIXTURES / "transcripts"
 CLAUDE = FIX / "claude" / "projects" / "-home-dev-webshop"
 S1 = "6f1c2d3e-8a4b-4c5d-9e0f-1a2b3c4d5e6f"
 S2 = "0b7e4f12-3c5a-4d6e-8f90-a1b2c3d4e5f6"

@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from faultio import NoSyncIO, PowerCut, TrackingIO, delete, live_state, rid, update, write
+from tests.support.faultio import NoSyncIO, PowerCut, TrackingIO, delete, live_state, rid, update, write
 from storaged import compaction
 from storaged.fileio import FileIO
 from storaged.store import Store

@@ -11,7 +11,7 @@ import zlib
 import msgpack
 import pytest
 
-from faultio import STATE_FIGURES, delete, full_history, live_state, read, search, update, write
+from tests.support.faultio import STATE_FIGURES, delete, full_history, live_state, read, search, update, write
 from protocol import errors as E
 from protocol.errors import ProtocolError
 from storaged import compaction

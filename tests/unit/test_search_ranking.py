@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from faultio import search, update, write
+from tests.support.faultio import search, update, write
 from storaged import rank
 from storaged.rank import ranked_search
 from storaged.search import SearchIndex

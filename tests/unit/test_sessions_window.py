@@ -8,23 +8,19 @@ ascending or descending; a cursor is bound to its window and order.
 """
 from __future__ import annotations
 
-import os
 import random
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from daemon_proc import DaemonPool  # noqa: E402
-from faultio import delete, read, update, write  # noqa: E402
-from protocol import errors as E  # noqa: E402
-from protocol.errors import ProtocolError  # noqa: E402
-from protocol.validation import validate  # noqa: E402
-from storaged.store import Store  # noqa: E402
-from ulid import ULID  # noqa: E402
+from tests.support.daemon_proc import DaemonPool
+from tests.support.faultio import delete, read, update, write
+from protocol import errors as E
+from protocol.errors import ProtocolError
+from protocol.validation import validate
+from storaged.store import Store
+from ulid import ULID
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from ulid import ULID
 
-from faultio import FaultIO, delete, full_history, live_state, read, rid, search, update, write
+from tests.support.faultio import FaultIO, delete, full_history, live_state, read, rid, search, update, write
 from protocol import errors as E
 from protocol.errors import ProtocolError
 from storaged import compaction

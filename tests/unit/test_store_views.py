@@ -9,7 +9,7 @@ import random
 import pytest
 from ulid import ULID
 
-from faultio import delete, live_state, read, search, update, write
+from tests.support.faultio import delete, live_state, read, search, update, write
 from protocol import errors as E
 from protocol import limits as L
 from protocol.errors import ProtocolError
