@@ -251,6 +251,7 @@ def test_rebuild_still_works_through_the_backend(world):
 
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_a_warning_clears_the_progress_line_and_redraws_it_below():
     from admin.progress import Progress, say
 
@@ -268,6 +269,7 @@ def test_a_warning_clears_the_progress_line_and_redraws_it_below():
     assert tty.text.endswith("\nafter\n")
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_progress_of_an_import_file_has_an_eta_from_its_size():
     from admin.progress import Progress
 
@@ -280,6 +282,7 @@ def test_progress_of_an_import_file_has_an_eta_from_its_size():
     assert "ETA" not in p.line()
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_format_bytes():
     from admin.progress import format_bytes
 

@@ -355,6 +355,7 @@ def test_batches_are_bounded_by_encoded_size(world, tmp_path):
 # -------------------------------------------------------------------------- import_messages op
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_import_op_is_idempotent_and_one_append_per_batch(store, tmp_path):
     batch = [msg(i, "op", revision=1 + i % 3, updated_at=1_700_000_000_000 + i * 1000 + 5) for i in range(50)]
     writes = store.io.counters.write_calls
@@ -386,6 +387,7 @@ def validate_roundtrip(m: dict) -> dict:
     return out
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 @pytest.mark.parametrize("mutate,field", [
     (lambda m: m.update(role="robot"), "messages[1].role"),
     (lambda m: m.update(message_id="not-a-ulid"), "messages[1].message_id"),
@@ -416,6 +418,7 @@ def test_import_validation_names_the_field(store, mutate, field):
     assert store.by_id == {}
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_import_batch_limits(store):
     for messages in ([], [msg(i) for i in range(L.IMPORT_BATCH_MAX + 1)], "x", None):
         with pytest.raises(ProtocolError) as info:
@@ -522,6 +525,7 @@ def test_progress_on_a_terminal_and_silence_elsewhere(world, tmp_path):
     assert re.search(rf"exported: {total:,} / {total:,} \([\d,]+/s\)", tty), tty
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_progress_line_has_rate_and_eta():
     from admin.progress import Progress, format_seconds
 

@@ -47,6 +47,7 @@ def _wait(cond, timeout: float = 60.0) -> None:
 
 
 # ------------------------------------------------------------------ 1: imported future times
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_id_clock_ignores_times_beyond_the_bound():
     clock = IdClock()
     clock.observe_id(MAX_ULID)
@@ -182,6 +183,7 @@ def test_kill_during_background_snapshot_restarts_at_once(tmp_path, monkeypatch)
 
 
 # ------------------------------------------------------------------ 11a: a transient I/O failure
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_transient_append_failure_clears_on_next_success(tmp_path):
     io = FaultIO(kinds=["sync"])
     store = Store.open(str(tmp_path / "data"), io=io)
@@ -199,6 +201,7 @@ def test_transient_append_failure_clears_on_next_success(tmp_path):
     store.close()
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_append_failure_that_could_not_be_undone_stays_degraded(tmp_path):
     io = FaultIO(kinds=["sync", "truncate"], repeat=True)
     store = Store.open(str(tmp_path / "data"), io=io)
@@ -248,6 +251,7 @@ def test_rebuild_forgets_expired_request_ids(tmp_path):
             assert c.health()["active_messages"] == 1
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 @pytest.mark.parametrize("seed", range(8))
 def test_what_a_restart_replays_is_made_durable_before_it_is_acknowledged(tmp_path, seed):
     """A daemon that exited after a failed shared fdatasync (EXIT_FSYNC_FAILED) left its batch in the page

@@ -61,6 +61,7 @@ def assert_validation_error(rep: Any) -> str:
 
 
 # ------------------------------------------------------------------------------- 4a: inflating frames
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_wire_bounds_unpacking_work():
     """The limits hold in the decoder itself (fast, no daemon): each kind of over-inflating frame
     is a ProtocolError naming the limit, and legitimate shapes at the limits decode."""
@@ -226,6 +227,7 @@ def common_words_index():
     return idx, words, n
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_many_common_words_query_does_bounded_work(common_words_index, monkeypatch):
     """All 35 common words in one query used to scan ~every posting (3.5M and 2.4 s at 200k
     messages), then a 400k-postings budget still took ~1.6 s (a shut-out check walking the score
@@ -251,6 +253,7 @@ def test_many_common_words_query_does_bounded_work(common_words_index, monkeypat
         assert h.score == pytest.approx(sum(tl.value(slot) for tl in lists), rel=1e-9)
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_many_common_words_query_asks_the_filter_a_bounded_number_of_times(common_words_index, monkeypatch):
     """A filter that rejects every doc (a session with no match, a high min_importance) used to be
     asked about every doc the query reached (~all of them), best-first through a heap. Now it is
@@ -272,6 +275,7 @@ def test_many_common_words_query_asks_the_filter_a_bounded_number_of_times(commo
     assert work.asked <= S._ACCEPT_BUDGET and work.total() <= 300_000, vars(work)
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_ordinary_query_on_the_same_index_is_exact(common_words_index):
     """Under the budgets nothing is approximate: a query of rare terms plus one common word
     returns exactly the brute-force ranking."""
@@ -290,6 +294,7 @@ def test_ordinary_query_on_the_same_index_is_exact(common_words_index):
 
 
 # ------------------------------------------------------------------------------- 4c: health is not O(sessions)
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_health_does_not_walk_every_session_per_call(store, monkeypatch):
     """get_system_health used to sum Session.size_bytes over every session on each call (tens of ms
     per call at 100k sessions, on the request loop). With 3000 sessions, 30 health calls with

@@ -16,6 +16,7 @@ from protocol import limits as L
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 @pytest.mark.parametrize("value, words", [
     (2 ** 64, "64"),
     (-(2 ** 63) - 1, "64"),
@@ -31,6 +32,7 @@ def test_unencodable_arguments_are_validation_errors(value: object, words: str) 
     assert isinstance(out, dict) and "x-secret" not in out["error"]["message"]
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_oversized_request_is_refused_before_sending() -> None:
     out = encode_or_error("write_message", {"content": "x" * (L.MAX_REQUEST_BYTES + 1)}, "01ARZ3NDEKTSV4RRFFQ69G5FAV")
     assert isinstance(out, dict) and out["error"]["code"] == "VALIDATION_ERROR"
@@ -100,5 +102,6 @@ async def test_unreadable_reply_is_internal_error(tmp_path_factory: pytest.TempP
         ctx.term()
 
 
+@pytest.mark.unit  # in-process, unlike the rest of this module
 def test_fixtures_dir_is_short(data_dir: Path) -> None:
     assert len(f"ipc://{data_dir}/run/storaged.sock") <= 107

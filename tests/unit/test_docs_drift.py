@@ -21,6 +21,7 @@ def test_committed_docs_match_the_code() -> None:
     assert docs.stale() == [], REGENERATE
 
 
+@pytest.mark.process  # starts a process, unlike the rest of this module
 def test_the_drift_check_sees_a_change(tmp_path: Path) -> None:
     """The comparison is real: an edited, a missing and an untouched file are told apart."""
     docs.write(tmp_path)

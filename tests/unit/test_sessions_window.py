@@ -288,6 +288,7 @@ def test_desc_cursor_continues_below_until(day):
 
 
 # ----------------------------------------------------------------------------------- end to end
+@pytest.mark.process  # starts a process, unlike the rest of this module
 def test_window_through_the_daemon(tmp_path):
     """The same call a front-end makes: read_messages over the daemon's socket, RFC 3339 + desc."""
     pool = DaemonPool(Path(tmp_path))
