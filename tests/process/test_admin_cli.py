@@ -1,4 +1,4 @@
-"""The admin CLI's manners, at process level: the real ``convmem`` against real daemons (tests/daemon_proc.py,
+"""The admin CLI's manners, at process level: the real ``convmem`` against real daemons (tests/support/daemon_proc.py,
 ended by PID).
 
 - Common options are accepted before or after the command.
@@ -291,7 +291,7 @@ def test_format_bytes():
 
 
 def test_on_a_terminal_a_skipped_line_is_written_above_the_progress_line(world, tmp_path):
-    from test_admin_transfer import run_on_pty
+    from tests.process.test_admin_transfer import run_on_pty
 
     home, d = world["home"], world["d"]
     f = tmp_path / "bad-late.jsonl"

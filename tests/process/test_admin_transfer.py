@@ -1,5 +1,5 @@
 """``convmem export | import | health | rebuild``: the real CLI as a subprocess against real daemon
-processes (tests/daemon_proc.py, ended by PID), plus the daemon op ``import_messages`` in process.
+processes (tests/support/daemon_proc.py, ended by PID), plus the daemon op ``import_messages`` in process.
 
 The round trip: a store with varied messages (multibyte text and session ids, every metadata field,
 relations, updated messages, deletions, interleaved sessions) is exported, imported into an EMPTY

@@ -28,7 +28,9 @@ import pytest
 
 from tests.support import ROOT
 from tests.support.daemon_proc import pid_alive as _alive, pids_mentioning as _pids_mentioning
-from tests.support.mcp_fixtures import anyio_backend, call, free_port, http_client, kill_pid, read_http_token  # noqa: F401
+from tests.support.mcp_fixtures import (  # noqa: F401
+    anyio_backend, call, free_port, http_client, kill_pid, read_http_token,
+)
 
 # The data dir supervisord's programs use (the HTTP front-end keeps its bearer token there).
 _DATA_DIRS: dict[str, Path] = {}

@@ -1,6 +1,6 @@
 """An independent review of the history interface (issue #11) against its contract, with real processes.
 
-Everything here runs against a real ``python -m storaged`` (its socket, ``tests/daemon_proc.py``), real
+Everything here runs against a real ``python -m storaged`` (its socket, ``tests/support/daemon_proc.py``), real
 ``convmem import-transcripts`` runs, real MCP front-ends (stdio and HTTP) driven by the SDK's client —
 which itself checks every structuredContent against the tool's outputSchema — and, for one check, the
 MCP Inspector CLI. Every process a test starts is ended by PID.
@@ -36,8 +36,8 @@ from ulid import ULID
 
 from tests.support.admin_cli import convmem, out_json
 from tests.support.daemon_proc import Daemon, DaemonPool, new_rid
-from tests.support.mcp_fixtures import (frontend_cmd, frontend_env, free_port, http_client, kill_pid, read_http_token, stdio_params,
-                          wait_port)
+from tests.support.mcp_fixtures import (frontend_cmd, frontend_env, free_port, http_client, kill_pid,
+                                        read_http_token, stdio_params, wait_port)
 
 from protocol import history as H
 from protocol import wire

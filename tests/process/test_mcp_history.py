@@ -270,7 +270,7 @@ async def test_file_attention_from_the_launch_directory(daemon: Daemon, data_dir
 # --- HTTP ----------------------------------------------------------------------------------------------
 
 async def test_history_over_http(daemon: Daemon, data_dir: Path, home: Path, procs) -> None:
-    from test_mcp_http import start_http
+    from tests.process.test_mcp_http import start_http
 
     import_events(daemon, [ev(1, "s-http", "user_input", "検索のテスト: データベース移行"),
                            ev(2, "s-http", "assistant_response", "移行は来週です")])

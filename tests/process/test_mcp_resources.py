@@ -1,5 +1,5 @@
 """Resources, prompts, completion, progress and cancellation, end to end: the SDK's real client over stdio, a
-real front-end process, a real daemon (tests/mcp_fixtures.py). Every process is ended by PID in teardown."""
+real front-end process, a real daemon (tests/support/mcp_fixtures.py). Every process is ended by PID in teardown."""
 from __future__ import annotations
 
 import json

@@ -2,7 +2,7 @@
 
 HOME, XDG_DATA_HOME and XDG_STATE_HOME point into the test's temp dir (so the default transcript
 locations and the checkpoint file are the test's own); ``--no-spawn`` always, so the CLI talks to the
-daemon the test started (by PID, via tests/daemon_proc.py) and never starts one of its own.
+daemon the test started (by PID, via tests/support/daemon_proc.py) and never starts one of its own.
 """
 from __future__ import annotations
 

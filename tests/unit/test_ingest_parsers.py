@@ -1,5 +1,5 @@
 """The transcript parsers (ingest.claude / codex / gemini) and ingest.tooltouch, on the fixture files
-in tests/fixtures/transcripts (written for these tests in the shape of real transcripts). Pure: no
+in tests/support/fixtures/transcripts (written for these tests in the shape of real transcripts). Pure: no
 daemon, no store."""
 from __future__ import annotations
 
