@@ -27,10 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from ulid import ULID
 
-from bench.common import REPO, corpus, print_table, start_daemon, stop  # noqa: E402
-from ulid import ULID  # noqa: E402
+from bench.common import REPO, corpus, print_table, start_daemon, stop
 
 _SCRIPT = Path(sys.executable).with_name("convmem")
 CONVMEM = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "admin"]

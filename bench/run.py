@@ -53,7 +53,7 @@ def _plan(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
             ("engine", py + ["-m", "bench.engine", "--writes", "50", "--sizes", "2000", "--rebuild-size", "3000"]),
             ("e2e", py + ["-m", "bench.e2e", "--writes", "20", "--messages", "1000", "--reads", "20"]),
             ("search_speed", py + ["bench/search_speed.py", "--quick", "--no-snapshot"]),
-            ("search_quality", py + ["bench/search_quality.py"]),
+            ("search_quality", py + ["-m", "bench.search_quality"]),
             ("crash", py + ["-m", "bench.crash_loop", "--kills", "5", "--writers", "2"]),
             ("history", py + ["bench/history_bench.py", "--quick"]),
         ]
@@ -65,7 +65,7 @@ def _plan(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
                          "--rebuild-size", "100000"]),
         ("e2e", py + ["-m", "bench.e2e", "--writes", str(a.writes // 2), "--messages", "100000"]),
         ("search_speed", py + ["bench/search_speed.py", "--sizes", search_sizes, "--no-snapshot"]),
-        ("search_quality", py + ["bench/search_quality.py"]),
+        ("search_quality", py + ["-m", "bench.search_quality"]),
         ("crash", py + ["-m", "bench.crash_loop", "--kills", str(a.kills)]),
         ("history", py + ["bench/history_bench.py", "--sizes", history_sizes]),
     ]

@@ -14,7 +14,7 @@
    messages; ours vs FTS5 `trigram` (as a substring phrase, and as OR of the query's trigrams).
    Trigram cannot match a query shorter than three characters; those count as misses.
 
-    python bench/search_quality.py [--json out.json]
+    python -m bench.search_quality [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,18 +24,15 @@ import json
 import os
 import re
 import sqlite3
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from storaged import search as S  # noqa: E402
-from storaged import rank as R  # noqa: E402
-from storaged.rank import ranked_search  # noqa: E402
-from storaged.search import SearchIndex  # noqa: E402
-from storaged.tokenize import STOP_WORDS  # noqa: E402
+from storaged import search as S
+from storaged import rank as R
+from storaged.rank import ranked_search
+from storaged.search import SearchIndex
+from storaged.tokenize import STOP_WORDS
 
 DATA = Path(os.environ.get("CONVMEM_LOCOMO", Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.json"))
 KS = (1, 5, 10)

@@ -2,7 +2,7 @@
 
 Why generated: the tool schemas (``mcpfront/tools.py``, ``mcpfront/history_tools.py``), the resources and
 prompts (``resources.py``, ``prompts.py``) and the command lines' argparse parsers are the one definition of
-what the project accepts; a hand-written reference drifts from them. ``tests/test_docs_drift.py`` fails
+what the project accepts; a hand-written reference drifts from them. ``tests/unit/test_docs_drift.py`` fails
 when the committed files differ from what this module generates, so a change to a schema or an option
 comes with its regenerated docs (``python -m mcpfront.docs``; ``--check`` only reports).
 

@@ -1,0 +1,75 @@
+"""Background snapshots: a forked child writes the snapshot while the daemon keeps serving, so a
+start after a crash replays only the log written since, never the whole history."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.support.daemon_proc import Daemon
+
+pytestmark = pytest.mark.timeout(120)
+
+EVERY = 300
+
+
+def _wait(cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_crash_after_background_snapshot_replays_only_the_tail(tmp_path):
+    data = tmp_path / "data"
+    with Daemon(data, extra_args=["--snapshot-every", str(EVERY)]) as d:
+        d.start()
+        with d.client() as c:
+            acked = {c.write(f"s{i % 7}", f"message {i} ünïcödé 日本語")["message_id"] for i in range(EVERY + 50)}
+            _wait(lambda: c.health()["snapshot_size"] > 0)  # the child wrote it, the loop installed it
+            snap_bytes = c.health()["snapshot_size"]
+            acked |= {c.write("tail", f"after the snapshot {i}")["message_id"] for i in range(40)}
+            assert os.path.getsize(data / "snapshot") == snap_bytes
+        first_log = d.stderr()
+        d.kill()
+        d.start()
+        with d.client() as c:
+            h = c.health()
+            assert h["snapshot_valid"] is True and h["status"] == "OK"
+            assert h["active_messages"] == len(acked)
+            assert {m["message_id"] for m in c.all_messages()} == acked
+        assert "background snapshot installed" in first_log
+        # the start used the snapshot: only the records after it were replayed
+        replayed = int(d.stderr().split("replayed ")[1].split()[0])
+        assert 40 <= replayed < 40 + EVERY
+
+
+def test_kill_while_child_writes_leaves_a_clean_store(tmp_path):
+    """However the daemon dies while a snapshot is being written, the next start is whole."""
+    data = tmp_path / "data"
+    with Daemon(data, extra_args=["--snapshot-every", "50"]) as d:
+        for round_ in range(5):
+            d.start()
+            with d.client() as c:
+                for i in range(60):
+                    c.write("s", f"round {round_} message {i}")
+            d.kill()  # often lands while a child is writing snapshot.bg.tmp
+        d.start()
+        with d.client() as c:
+            assert c.health()["active_messages"] == 300
+            assert c.health()["status"] == "OK"
+        assert d.terminate() == 0  # a clean stop ends a child still writing and removes its file
+        assert not (data / "snapshot.bg.tmp").exists()
+
+
+def test_snapshot_every_zero_takes_none_in_the_background(tmp_path):
+    data = tmp_path / "data"
+    with Daemon(data, extra_args=["--snapshot-every", "0"]) as d:
+        d.start()
+        with d.client() as c:
+            for i in range(120):
+                c.write("s", f"m{i}")
+            assert c.health()["snapshot_size"] == 0
+        d.terminate()  # a clean stop still writes one
+        assert (data / "snapshot").exists()

@@ -1,0 +1,494 @@
+"""Recovery at start: torn tails, bit flips, mid-log damage, salvage, snapshots, restarts, leftovers, salt."""
+from __future__ import annotations
+
+import glob
+import os
+import random
+import shutil
+import struct
+import zlib
+
+import msgpack
+import pytest
+
+from tests.support.faultio import STATE_FIGURES, delete, full_history, live_state, read, search, update, write
+from protocol import errors as E
+from protocol.errors import ProtocolError
+from storaged import compaction
+from storaged import log as logfile
+from storaged.fileio import FileIO
+from storaged.salvage import salvage
+from storaged.store import Store
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def record_bounds(buf: bytes) -> list[tuple[int, int]]:
+    """(start, end) of every record of an intact log."""
+    salt = logfile.parse_header(buf)
+    out, pos = [], logfile.HEADER_SIZE
+    result = logfile.ScanResult()
+    for size, _ in logfile.scan(buf, salt, pos, result):
+        out.append((pos, pos + size))
+        pos += size
+    assert pos == len(buf) and not result.torn_tail and result.damage is None
+    return out
+
+
+def figures(store) -> dict:
+    h = store.health()
+    return {k: h[k] for k in STATE_FIGURES}
+
+
+def put_log(d: str, data: bytes) -> None:
+    for name in os.listdir(d):
+        if name not in ("cursor.key", "log"):
+            os.unlink(os.path.join(d, name))
+    path = os.path.join(d, "log")
+    with open(path, "r+b" if os.path.exists(path) else "wb") as f:  # no truncation to zero: it is slow
+        f.write(data)
+        f.truncate(len(data))
+
+
+class QuickIO(FileIO):
+    """FileIO without the real fdatasync (counted all the same): for loops of thousands of restarts
+    whose subject is the recovery logic, not the disk."""
+
+    def sync(self, fd):
+        self.counters.flush_calls += 1
+
+
+def err(fn, *a, **kw) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        fn(*a, **kw)
+    return info.value
+
+
+# ------------------------------------------------------------------------------------- the torn tail
+LAST_OPS = {
+    "write": lambda s, ids: write(s, "s", "the last one 日本語😀", tags=["x"]),
+    "update": lambda s, ids: update(s, ids[2], content="updated at the end", importance=7),
+    "delete": lambda s, ids: delete(s, ids[3]),
+}
+
+
+def build(d: str, last: str):
+    s = Store.open(d)
+    ids = [write(s, f"s{i % 2}", f"message {i} " + "é" * i, summary=f"sum {i}")["message"]["message_id"]
+           for i in range(6)]
+    update(s, ids[0], content="first edit")
+    delete(s, ids[5])
+    before_state, before_figures = live_state(s), figures(s)
+    LAST_OPS[last](s, ids)
+    after_state = live_state(s)
+    s.close()
+    with open(os.path.join(d, "log"), "rb") as f:
+        data = f.read()
+    return data, before_state, before_figures, after_state
+
+
+def check_recovers_previous(d, data, before_state, before_figures, io_class=QuickIO):
+    io = io_class()
+    s = Store.open(d, io=io)
+    try:
+        assert s.recovered_tail is True and io.counters.truncate_calls == 1
+        assert live_state(s) == before_state
+        assert figures(s) == before_figures
+        assert os.path.getsize(os.path.join(d, "log")) == before_figures["log_size"]
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("last", sorted(LAST_OPS))
+def test_truncation_at_every_offset_of_the_last_record(tmp_path, last):
+    d = str(tmp_path)
+    data, before_state, before_figures, after_state = build(d, last)
+    start, end = record_bounds(data)[-1]
+    assert start == before_figures["log_size"] and end == len(data)
+    for cut in range(start + 1, end):
+        put_log(d, data[:cut])
+        check_recovers_previous(d, data, before_state, before_figures, FileIO if cut == start + 1 else QuickIO)
+    # the untouched log and the log cut exactly at a record boundary need no repair
+    for size, state in ((end, after_state), (start, before_state)):
+        put_log(d, data[:size])
+        io = FileIO()
+        s = Store.open(d, io=io)
+        assert not s.recovered_tail and io.counters.truncate_calls == 0 and live_state(s) == state
+        s.close()
+
+
+@pytest.mark.parametrize("last", sorted(LAST_OPS))
+def test_every_bit_flip_in_the_last_record(tmp_path, last):
+    d = str(tmp_path)
+    data, before_state, before_figures, _ = build(d, last)
+    start, end = record_bounds(data)[-1]
+    for pos in range(start, end):
+        for bit in range(8):
+            damaged = bytearray(data)
+            damaged[pos] ^= 1 << bit
+            put_log(d, bytes(damaged))
+            check_recovers_previous(d, data, before_state, before_figures)
+
+
+def test_zero_filled_and_garbage_tails(tmp_path):
+    d = str(tmp_path)
+    data, before_state, before_figures, _ = build(d, "write")
+    start, end = record_bounds(data)[-1]
+    rng = random.Random(7)
+    for n in (1, 7, 8, 9, end - start - 1, end - start, 4096):
+        for tail in (bytes(n), rng.randbytes(n), b"\xff" * n):
+            put_log(d, data[:start] + tail)
+            check_recovers_previous(d, data, before_state, before_figures)
+
+
+def test_after_tail_recovery_the_store_is_writable_and_clean(tmp_path):
+    d = str(tmp_path)
+    data, before_state, _, _ = build(d, "write")
+    start, end = record_bounds(data)[-1]
+    put_log(d, data[:end - 3])
+    s = Store.open(d)
+    m = write(s, "s", "after recovery")["message"]
+    s.close()
+    io = FileIO()
+    s = Store.open(d, io=io)
+    assert not s.recovered_tail and io.counters.truncate_calls == 0
+    assert live_state(s) == dict(before_state, **{m["message_id"]: m})
+    s.close()
+
+
+# ------------------------------------------------------------------------------------- mid-log damage
+def damaged_store(tmp_path, victim_index: int, n: int = 8):
+    """A log of ``n`` writes (plus an update and a delete of other messages) with one byte flipped
+    inside record ``victim_index``. Returns (dir, damaged bytes, bounds, states after each record)."""
+    d = str(tmp_path / "data")
+    s = Store.open(d)
+    states = [{}]
+    ids = []
+    for i in range(n):
+        ids.append(write(s, "s", f"message number {i}", tags=[f"t{i}"])["message"]["message_id"])
+        states.append(live_state(s))
+    update(s, ids[1], content="message number 1, edited")
+    states.append(live_state(s))
+    delete(s, ids[2])
+    states.append(live_state(s))
+    s.close()
+    data = open(os.path.join(d, "log"), "rb").read()
+    bounds = record_bounds(data)
+    a, b = bounds[victim_index]
+    damaged = bytearray(data)
+    damaged[a + (b - a) // 2] ^= 0x5A
+    with open(os.path.join(d, "log"), "wb") as f:
+        f.write(damaged)
+    return d, bytes(damaged), bounds, states, ids
+
+
+@pytest.mark.parametrize("victim", [0, 1, 4])
+def test_mid_log_damage_degrades_serves_and_touches_nothing(tmp_path, victim):
+    d, damaged, bounds, states, ids = damaged_store(tmp_path, victim)
+    io = FileIO()
+    s = Store.open(d, io=io)
+    h = s.health()
+    a, b = bounds[victim]
+    assert h["status"] == "DEGRADED" and f"{a}-{b}" in h["last_error"]
+    assert live_state(s) == states[victim]  # the records before the damage are served
+    assert read(s, session_id="s")["history"] == list(states[victim].values())
+    if victim:
+        assert search(s, query="message")["results"]
+    for attempt in (lambda: write(s, "s", "new"), lambda: update(s, ids[0], content="x"),
+                    lambda: delete(s, ids[0]), lambda: compaction.rebuild(s)):
+        assert err(attempt).code == E.CORRUPT_STORE
+    assert s.write_snapshot() is False
+    s.close()
+    assert io.counters.write_calls == 0 and io.counters.truncate_calls == 0
+    assert open(os.path.join(d, "log"), "rb").read() == damaged
+    assert not os.path.exists(os.path.join(d, "snapshot"))
+    # and again: a second start sees the same thing
+    s = Store.open(d)
+    assert s.health()["status"] == "DEGRADED" and live_state(s) == states[victim]
+    s.close()
+    assert open(os.path.join(d, "log"), "rb").read() == damaged
+
+
+def test_damaged_header_is_degraded_not_recreated(tmp_path):
+    d = str(tmp_path)
+    s = Store.open(d)
+    write(s, "s", "x")
+    s.close()
+    path = os.path.join(d, "log")
+    data = bytearray(open(path, "rb").read())
+    data[3] ^= 1
+    open(path, "wb").write(data)
+    s = Store.open(d)
+    h = s.health()
+    assert h["status"] == "DEGRADED" and "0-32" in h["last_error"] and h["active_messages"] == 0
+    assert err(write, s, "s", "y").code == E.CORRUPT_STORE
+    s.close()
+    assert open(path, "rb").read() == bytes(data)
+    with pytest.raises(Exception):
+        salvage(d)
+    assert open(path, "rb").read() == bytes(data)
+
+
+def test_salvage_recovers_every_intact_record(tmp_path):
+    victim = 4  # the write of message 4: every other record is intact
+    d, damaged, bounds, states, ids = damaged_store(tmp_path, victim)
+    full = states[-1]
+    report = salvage(d)
+    copies = glob.glob(os.path.join(d, "log.damaged-*"))
+    assert len(copies) == 1 and open(copies[0], "rb").read() == damaged
+    assert report["damaged_copy"] == copies[0]
+    io = FileIO()
+    s = Store.open(d, io=io)
+    h = s.health()
+    assert h["status"] == "OK" and h["last_error"] == "" and not s.recovered_tail
+    expected = {k: v for k, v in full.items() if k != ids[victim]}
+    assert live_state(s) == expected
+    assert h["dead_bytes"] == 0
+    m = write(s, "s", "after salvage")["message"]
+    s.close()
+    s = Store.open(d)
+    assert live_state(s) == dict(expected, **{m["message_id"]: m})
+    assert s.health()["status"] == "OK"
+    s.close()
+
+
+def test_salvage_of_a_lost_update_keeps_the_previous_version(tmp_path):
+    d, damaged, bounds, states, ids = damaged_store(tmp_path, 8)  # record 8 is the update of message 1
+    salvage(d)
+    s = Store.open(d)
+    assert s.by_id[ids[1]].to_dict() == states[8][ids[1]]  # revision 1, as before the lost update
+    assert ids[2] not in s.by_id  # the later delete was intact
+    assert s.health()["status"] == "OK"
+    s.close()
+
+
+def test_salvage_of_a_torn_tail_and_of_a_clean_log(tmp_path):
+    d = str(tmp_path)
+    data, before_state, _, after_state = build(d, "write")
+    salvage(d)
+    s = Store.open(d)
+    assert live_state(s) == after_state and s.health()["status"] == "OK"
+    s.close()
+    put_log(d, data[:-5])
+    salvage(d)
+    s = Store.open(d)
+    assert live_state(s) == before_state and s.health()["status"] == "OK"
+    s.close()
+
+
+# ------------------------------------------------------------------------------------- snapshots
+def make_snapshotted(d: str):
+    s = Store.open(d)
+    ids = [write(s, f"s{i % 3}", f"snapshot test {i}", tags=["a"], importance=i)["message"]["message_id"]
+           for i in range(10)]
+    update(s, ids[0], content="edited")
+    delete(s, ids[1])
+    assert s.write_snapshot()
+    write(s, "s0", "after the snapshot")  # replayed from the log after the snapshot's position
+    update(s, ids[2], summary="later summary")
+    delete(s, ids[3])
+    state, figs, hist = live_state(s), figures(s), full_history(s)
+    hits = search(s, query="snapshot test")
+    s.close()
+    return state, figs, hist, hits
+
+
+def assert_same(s, state, figs, hist, hits):
+    assert live_state(s) == state
+    assert figures(s) == figs
+    assert full_history(s) == hist
+    assert search(s, query="snapshot test") == hits
+
+
+def test_valid_snapshot_is_used(tmp_path):
+    d = str(tmp_path)
+    expected = make_snapshotted(d)
+    s = Store.open(d)
+    assert s.snapshot_valid and s.snapshot_pos > logfile.HEADER_SIZE
+    assert_same(s, *expected)
+    s.close()
+
+
+@pytest.mark.parametrize("damage", ["body-flip", "trailer-flip", "head-flip", "truncated", "empty", "garbage",
+                                    "other-log"])
+def test_bad_snapshot_falls_back_to_full_replay(tmp_path, damage):
+    d = str(tmp_path / "data")
+    expected = make_snapshotted(d)
+    path = os.path.join(d, "snapshot")
+    data = bytearray(open(path, "rb").read())
+    if damage == "body-flip":
+        data[len(data) // 2] ^= 0x10
+    elif damage == "trailer-flip":
+        data[-10] ^= 1
+    elif damage == "head-flip":
+        data[2] ^= 1
+    elif damage == "truncated":
+        data = data[:-30]
+    elif damage == "empty":
+        data = b""
+    elif damage == "garbage":
+        data = random.Random(1).randbytes(len(data))
+    elif damage == "other-log":  # a valid snapshot of another store (another salt)
+        other = str(tmp_path / "other")
+        make_snapshotted(other)
+        data = open(os.path.join(other, "snapshot"), "rb").read()
+    open(path, "wb").write(data)
+    s = Store.open(d)
+    assert s.health()["snapshot_valid"] is False
+    assert_same(s, *expected)
+    s.close()
+
+
+# ------------------------------------------------------------------------------------- restarts
+def busy_store(d: str):
+    s = Store.open(d)
+    rng = random.Random(3)
+    ids = []
+    for i in range(60):
+        roll = rng.random()
+        if roll < 0.6 or len(ids) < 3:
+            ids.append(write(s, f"sess{rng.randint(0, 5)}", f"text {i} " + "語" * rng.randint(0, 20),
+                             tags=[f"t{rng.randint(0, 3)}"], importance=rng.randint(0, 100),
+                             memory_kind=rng.choice(["conversation", "semantic", "summary"]),
+                             summary=rng.choice(["", f"summary {i}"]))["message"]["message_id"])
+        elif roll < 0.8:
+            update(s, rng.choice(ids), content=f"edit {i}", importance=rng.randint(0, 100))
+        else:
+            victim = rng.choice(ids)
+            ids.remove(victim)
+            delete(s, victim)
+    return s
+
+
+def observe(s):
+    h = s.health()
+    return {
+        "state": live_state(s), "history": full_history(s),
+        "sessions": read(s, view="sessions", limit=1000),
+        "search": [search(s, query=q) for q in ("text", "edit", "summary", "語")],
+        "figures": {k: h[k] for k in ("log_size", "active_messages", "session_count", "deleted_messages",
+                                      "last_sequence", "update_records", "dead_bytes", "status", "last_error")},
+        "memory": {k: v for k, v in h["memory_estimate"].items()
+                   if k in ("body_bytes", "metadata_bytes", "relation_index_bytes", "store_entries_bytes")},
+    }
+
+
+def test_clean_and_abrupt_stops_give_the_same_state(tmp_path):
+    d = str(tmp_path / "data")
+    s = busy_store(d)
+    running = observe(s)
+    abrupt = str(tmp_path / "abrupt")
+    shutil.copytree(d, abrupt)  # the files as a SIGKILL would leave them: no snapshot, no close
+    assert s.write_snapshot()
+    s.close()
+    clean = Store.open(d)
+    assert clean.snapshot_valid and clean.snapshot_pos == clean.log_size()
+    assert observe(clean) == running
+    clean.close()
+    killed = Store.open(abrupt)
+    assert not os.path.exists(os.path.join(abrupt, "snapshot")) and not killed.recovered_tail
+    assert observe(killed) == running
+    # both continue identically
+    for st in (killed, Store.open(d)):
+        m = write(st, "sess0", "continued")["message"]
+        assert m["message_id"] > max(running["state"])
+        st.close()
+
+
+def test_restart_after_rebuild_and_snapshot(tmp_path):
+    d = str(tmp_path)
+    s = busy_store(d)
+    compaction.rebuild(s)
+    after_rebuild = observe(s)
+    write(s, "sess1", "one more text")
+    more = observe(s)
+    s.close()
+    s = Store.open(d)  # the rebuild's snapshot + one record of log
+    assert observe(s) == more
+    s.close()
+    os.unlink(os.path.join(d, "snapshot"))
+    s = Store.open(d)  # the compacted log alone
+    assert observe(s) == more
+    assert after_rebuild["figures"]["dead_bytes"] == 0
+    s.close()
+
+
+def test_leftover_temporary_files_are_removed(tmp_path):
+    d = str(tmp_path)
+    s = busy_store(d)
+    state = live_state(s)
+    s.close()
+    leftovers = ["log.compact", "snapshot.tmp", "cursor.key.tmp"]
+    for name in leftovers:
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(b"half-written garbage" * 100)
+    s = Store.open(d)
+    for name in leftovers:
+        assert not os.path.exists(os.path.join(d, name)), name
+    assert live_state(s) == state and s.health()["status"] == "OK"
+    s.close()
+
+
+# ------------------------------------------------------------------------------------- the salt
+def crafted_frame(salt: bytes) -> str:
+    """A delete record framed for ``salt`` whose bytes are valid UTF-8, so that a message can carry it
+    verbatim. (A write record cannot be: its msgpack always holds a byte that UTF-8 forbids there.)"""
+    for nonce in range(1_000_000):
+        rid = "r" * 140 + f"{nonce:010d}"                 # str8 of 150 bytes: 0xd9 0x96 is a valid pair
+        payload = msgpack.packb(["d", rid, 5, "M" * 150], use_bin_type=True)
+        assert len(payload) == 308                        # length bytes 0x34 0x01 0 0: ASCII
+        framed = logfile.frame(salt, payload)
+        try:
+            return framed.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    raise AssertionError("no UTF-8 frame found")
+
+
+@pytest.mark.parametrize("same_salt", [False, True])
+def test_a_log_inside_a_message_is_not_a_record(tmp_path, same_salt):
+    """A message whose text is a perfectly framed record must not pass for one after damage.
+
+    The control case frames it with the log's own salt (which no writer can know): the scan *is* then
+    fooled, so the test can fail."""
+    d = str(tmp_path)
+    s = Store.open(d)
+    write(s, "s", "before")
+    before = live_state(s)
+    size_before = s.log_size()
+    fake = crafted_frame(s.salt if same_salt else os.urandom(16))
+    m = write(s, "s", "x" * 50 + fake + "y" * 50)["message"]
+    assert fake.encode() in open(os.path.join(d, "log"), "rb").read()  # verbatim in the log
+    s.close()
+    data = open(os.path.join(d, "log"), "rb").read()
+    for cut in (size_before + 2, size_before + 40):  # one byte lost inside the real record
+        put_log(d, data[:cut] + data[cut + 1:])
+        s = Store.open(d)
+        h = s.health()
+        if same_salt:
+            assert h["status"] == "DEGRADED"  # the forged record was taken for one: "mid-log damage"
+        else:
+            assert h["status"] == "OK" and s.recovered_tail and live_state(s) == before
+        s.close()
+    # salvage resynchronises at every offset: it must not pick up the forged record either
+    put_log(d, data[:size_before + 5] + bytes([data[size_before + 5] ^ 0xFF]) + data[size_before + 6:])
+    report = salvage(d)
+    assert report["records_recovered"] == (2 if same_salt else 1)
+    s = Store.open(d)
+    assert live_state(s) == before and m["message_id"] not in s.by_id
+    s.close()
+
+
+def test_frame_checksum_covers_length_and_salt():
+    salt = b"s" * 16
+    framed = logfile.frame(salt, b"\x93\xa1w\xc0\x90")
+    length, crc = struct.unpack_from("<II", framed)
+    assert crc == zlib.crc32(framed[8:], zlib.crc32(framed[:4], zlib.crc32(salt)))
+    buf = logfile.make_header(salt) + framed
+    res = logfile.ScanResult()
+    assert list(logfile.scan(buf, salt, logfile.HEADER_SIZE, res)) and res.records == 1
+    res = logfile.ScanResult()
+    assert list(logfile.scan(buf, b"t" * 16, logfile.HEADER_SIZE, res)) == [] and res.torn_tail
+    zero = logfile.make_header(salt) + bytes(64)
+    res = logfile.ScanResult()
+    assert list(logfile.scan(zero, salt, logfile.HEADER_SIZE, res)) == [] and res.torn_tail
