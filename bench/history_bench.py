@@ -1,10 +1,10 @@
 """Agent history at scale: ingest throughput, search_sessions / open latency, start-up, RSS and the bytes
 an agent receives, each beside SQLite (WAL, synchronous=FULL, FTS5 porter unicode61) in the same run.
 
-    python bench/history_bench.py                          # 100k events (~4 minutes on 2 cores)
-    python bench/history_bench.py --sizes 100000,1000000   # and 1M (~680 MB of transcripts, ~30 minutes more)
-    python bench/history_bench.py --quick                  # 2k events: a smoke run, not a measurement
-    python bench/history_bench.py --json out.json [--keep] [--profile DIR]
+    python -m bench.history_bench                          # 100k events (~4 minutes on 2 cores)
+    python -m bench.history_bench --sizes 100000,1000000   # and 1M (~680 MB of transcripts, ~30 minutes more)
+    python -m bench.history_bench --quick                  # 2k events: a smoke run, not a measurement
+    python -m bench.history_bench --json out.json [--keep] [--profile DIR]
 
 Corpus: a seeded generator writes real Codex rollout files (``$CODEX_HOME/sessions/YYYY/MM/DD/
 rollout-<time>-<uuid>.jsonl``; session_meta, turn_context, response_item message / function_call /
@@ -59,16 +59,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import zmq
+from ulid import ULID
 
-import zmq  # noqa: E402
-from ulid import ULID  # noqa: E402
-
-from bench import common  # noqa: E402
-from bench.common import (REPO, pct, print_table, rss_bytes, stop, turns as locomo_turns,  # noqa: E402
+from bench import common
+from bench.common import (REPO, pct, print_table, rss_bytes, stop, turns as locomo_turns,
                           write_json)
-from protocol.config import default_endpoint  # noqa: E402
-from protocol.wire import decode, encode_request  # noqa: E402
+from protocol.config import default_endpoint
+from protocol.wire import decode, encode_request
 
 T0_MS = 1_735_689_600_000  # 2025-01-01T00:00:00Z
 _BIN = Path(sys.executable).parent

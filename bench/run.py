@@ -55,7 +55,7 @@ def _plan(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
             ("search_speed", py + ["bench/search_speed.py", "--quick", "--no-snapshot"]),
             ("search_quality", py + ["-m", "bench.search_quality"]),
             ("crash", py + ["-m", "bench.crash_loop", "--kills", "5", "--writers", "2"]),
-            ("history", py + ["bench/history_bench.py", "--quick"]),
+            ("history", py + ["-m", "bench.history_bench", "--quick"]),
         ]
     search_sizes = "10000,100000,1000000" if a.large else "10000,100000"
     start_sizes = "100000,1000000" if a.large else "100000"
@@ -67,7 +67,7 @@ def _plan(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
         ("search_speed", py + ["bench/search_speed.py", "--sizes", search_sizes, "--no-snapshot"]),
         ("search_quality", py + ["-m", "bench.search_quality"]),
         ("crash", py + ["-m", "bench.crash_loop", "--kills", str(a.kills)]),
-        ("history", py + ["bench/history_bench.py", "--sizes", history_sizes]),
+        ("history", py + ["-m", "bench.history_bench", "--sizes", history_sizes]),
     ]
 
 
