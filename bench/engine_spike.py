@@ -260,7 +260,7 @@ class NumpyEngine:
         return int.from_bytes(hashlib.blake2b(term.encode(), digest_size=8).digest(), "little")
 
     @staticmethod
-    def build_from(lines: Iterator[str], out: str) -> None:
+    def build_from(lines: Iterator[str], out: str, k1: float = S.K1, b: float = S.B) -> None:
         from array import array
         os.makedirs(out, exist_ok=True)
         vocab: dict[str, int] = {}
@@ -289,7 +289,6 @@ class NumpyEngine:
         tf = np.frombuffer(tfs, dtype=np.uint16)[order].astype(np.float32)
         dl = np.frombuffer(lens, dtype=np.uint32).astype(np.float32)
         avg = float(dl.mean()) if n else 1.0
-        k1, b = S.K1, S.B
         imp = (tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * dl[d_arr] / avg))).astype(np.float32)
         counts = np.bincount(t_arr, minlength=len(hashes))
         offsets = np.zeros(len(hashes) + 1, dtype=np.int64)
@@ -555,10 +554,11 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
 
 def run_recall() -> dict[str, Any]:
     """BM25 alone (no context stage) on LoCoMo dev: ours (search()) vs numpy and tantivy fed our
-    tokens of the same turn texts and our query terms."""
+    tokens of the same turn texts and our query terms; numpy_k1.2_b.75 is the numpy engine with
+    tantivy's fixed BM25 parameters, to tell the engine from the parameters."""
     import tempfile
     from bench.search_quality import Recall, load_locomo, turn_text
-    rec = {"ours": Recall(), "numpy": Recall(), "tantivy": Recall()}
+    rec = {"ours": Recall(), "numpy": Recall(), "tantivy": Recall(), "numpy_k1.2_b.75": Recall()}
     with tempfile.TemporaryDirectory(prefix="spike-recall-") as tmp:
         for ci, (_, turns, qs, _) in enumerate(load_locomo()):
             texts = [turn_text(t) for t in turns]
@@ -569,6 +569,8 @@ def run_recall() -> dict[str, Any]:
             npdir = os.path.join(tmp, f"np{ci}")
             NumpyEngine.build_from(iter(lines), npdir)
             npe = NumpyEngine(npdir)
+            NumpyEngine.build_from(iter(lines), npdir + "t", k1=1.2, b=0.75)
+            npt = NumpyEngine(npdir + "t")
             tv = TantivyEngine(None, TantivyEngine.build_from(iter(lines), None))
             for q, ev, cat in qs:
                 ids = lambda docs: [turns[i]["dia_id"] for i in docs]  # noqa: E731
@@ -576,6 +578,7 @@ def run_recall() -> dict[str, Any]:
                 terms = query_terms(q)
                 rec["numpy"].add(ids(npe.search_terms(terms, 10)), ev, cat)
                 rec["tantivy"].add(ids(tv.search_terms(terms, 10)), ev, cat)
+                rec["numpy_k1.2_b.75"].add(ids(npt.search_terms(terms, 10)), ev, cat)
     return {k: r.report() for k, r in rec.items()}
 
 

@@ -8,7 +8,9 @@
 2. Throughput: the same word stream (every Latin word of the LoCoMo turns, repeats kept, as the
    tokenizer meets them) stemmed uncached by tokenize._porter and by Stemmer.stemWord /
    Stemmer.stemWords (PyStemmer keeps its own small cache: disabled with maxCacheSize = 0, and
-   also timed with its default cache); median of --repeat runs.
+   also timed with its default cache); median of --repeat runs.  With --events (an events.jsonl
+   written by `bench.engine_spike gen`): index_terms MiB/s over its first --n events with each
+   stemmer, the tokenizer's own caches cleared before each run (what indexing pays end to end).
 
 PyStemmer is NOT a project dependency: run it from a private venv (python3 -m venv /tmp/spikevenv2
 && /tmp/spikevenv2/bin/pip install -e . tantivy PyStemmer numpy), from the repository root:
@@ -69,9 +71,26 @@ def timed(fn: Callable[[], Any], repeat: int) -> float:
     return statistics.median(xs)
 
 
+def tokenize_speed(path: str, n: int, repeat: int, stemmers: dict[str, Callable[[str], str]]) -> dict[str, Any]:
+    with open(path) as f:
+        texts = [json.loads(line) for _, line in zip(range(n), f)]
+    mib = sum(len(t.encode()) for t in texts) / 2**20
+    out: dict[str, Any] = {"events": len(texts), "mib": round(mib, 1)}
+    for name, fn in stemmers.items():
+        def run(fn: Callable[[str], str] = fn) -> None:
+            use_stemmer(fn)  # also clears the caches
+            for t in texts:
+                T.index_terms(t)
+        s = timed(run, repeat)
+        out[name] = {"s": round(s, 3), "mib_per_s": round(mib / s, 2)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--events", help="events.jsonl of bench.engine_spike gen")
+    ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     convs = Q.load_locomo()
@@ -101,6 +120,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         res["throughput"][name] = {"s": round(s, 4), "words_per_s": round(len(ws) / s)}
     differ = sum(1 for w in uniq if T._porter(w) != nocache.stemWord(w))
     res["throughput"]["distinct_words_stemmed_differently"] = differ
+    if a.events:
+        res["index_terms"] = tokenize_speed(a.events, a.n, a.repeat, {"porter": T._porter, "snowball": snow.stemWord})
+        T.stem = porter
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
