@@ -60,7 +60,9 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
+
+import msgpack
 
 try:
     import numpy as np
@@ -125,8 +127,9 @@ def events(corpus: Corpus, n: int) -> Iterator[str]:
     made = 0
     out: list[str] = []
 
-    def rec(kind: str, payload: dict[str, Any], events: int = 0, etype: str | None = None) -> None:
-        text = _text(payload) if events else None
+    def rec(kind: str, payload: dict[str, Any], counted: int = 0, etype: str | None = None) -> None:
+        """history_bench's record callback: keep the text of what it counts as an event."""
+        text = _text(payload) if counted else None
         if text:
             out.append(text)
 
@@ -223,24 +226,29 @@ def query_terms(q: str) -> Counter:
 # ================================================================================ engines
 
 
-class Ours:
-    name = "ours"
+class Engine:
+    """An engine: build(d, out) indexes the corpus of d into out (a file or directory) and returns what
+    save() needs; save() writes what build left in memory (timed apart); Engine(out) opens it fresh."""
 
     @staticmethod
-    def build(d: str, out: str) -> None:
+    def save(built: Any, out: str) -> None:
+        """Nothing left to write: build() wrote out itself."""
+
+
+class Ours(Engine):
+    @staticmethod
+    def build(d: str, out: str) -> SearchIndex:
         idx = SearchIndex()
         for i, text in enumerate(read_texts(d)):
             idx.add(i, text, None, ())
-        Ours._idx = idx
+        return idx
 
     @staticmethod
-    def save(out: str) -> None:
-        import msgpack
+    def save(built: SearchIndex, out: str) -> None:
         with open(out, "wb") as f:
-            f.write(msgpack.packb(Ours._idx.dump(), use_bin_type=True))
+            f.write(msgpack.packb(built.dump(), use_bin_type=True))
 
     def __init__(self, out: str) -> None:
-        import msgpack
         with open(out, "rb") as f:
             self.idx = SearchIndex.load(msgpack.unpackb(f.read(), raw=False))
 
@@ -248,12 +256,10 @@ class Ours:
         return [h.doc for h in self.idx.search(q, k)]
 
 
-class NumpyEngine:
+class NumpyEngine(Engine):
     """CSR postings in .npy files, mmapped.  Files: hashes.npy (uint64, sorted), offsets.npy (int64,
     len V+1), docs.npy (uint32), impacts.npy (float32: BM25's tf part at the corpus average length),
     meta.json (N)."""
-
-    name = "numpy"
 
     @staticmethod
     def hash(term: str) -> int:
@@ -304,10 +310,6 @@ class NumpyEngine:
     def build(d: str, out: str) -> None:
         NumpyEngine.build_from(read_tokens(d), out)
 
-    @staticmethod
-    def save(out: str) -> None:
-        pass
-
     def __init__(self, out: str) -> None:
         load = lambda name: np.load(os.path.join(out, name), mmap_mode="r")  # noqa: E731
         self.hashes, self.offsets = load("hashes.npy"), load("offsets.npy")
@@ -351,8 +353,7 @@ class NumpyEngine:
         return self.search_terms(query_terms(q), k)
 
 
-class TantivyEngine:
-    name = "tantivy"
+class TantivyEngine(Engine):
     HEAP = 256 * 2**20
 
     @staticmethod
@@ -379,10 +380,6 @@ class TantivyEngine:
     def build(d: str, out: str) -> None:
         TantivyEngine.build_from(read_tokens(d), out)
 
-    @staticmethod
-    def save(out: str) -> None:
-        pass
-
     def __init__(self, out: str | None, index=None) -> None:
         self.index = index if index is not None else tantivy.Index.open(out)
         self.index.reload()
@@ -404,9 +401,7 @@ class TantivyEngine:
         return self.search_terms(query_terms(q), k)
 
 
-class Fts5Engine:
-    name = "fts5"
-
+class Fts5Engine(Engine):
     @staticmethod
     def build(d: str, out: str) -> None:
         con = sqlite3.connect(out)
@@ -416,10 +411,6 @@ class Fts5Engine:
             con.executemany("INSERT INTO t(rowid, content) VALUES (?, ?)",
                             ((i + 1, text) for i, text in enumerate(read_texts(d))))
         con.close()
-
-    @staticmethod
-    def save(out: str) -> None:
-        pass
 
     def __init__(self, out: str) -> None:
         self.con = sqlite3.connect(out)
@@ -451,11 +442,11 @@ def phase_build(d: str, engine: str) -> dict[str, Any]:
     base = rss()
     cls = CLASSES[engine]
     t0 = time.perf_counter()
-    cls.build(d, out)
+    built = cls.build(d, out)
     build_s = time.perf_counter() - t0
     after = rss()
     t0 = time.perf_counter()
-    cls.save(out)
+    cls.save(built, out)
     save_s = time.perf_counter() - t0
     with open(os.path.join(d, "meta.json")) as f:
         n = json.load(f)["events"]
