@@ -51,6 +51,8 @@ from itertools import accumulate, compress, repeat
 from operator import and_
 from typing import Any, Callable, NamedTuple, Sequence
 
+import numpy as np
+
 from storaged.tokenize import index_terms, query_runs
 
 __all__ = ["Hit", "QueryScores", "SearchIndex"]
@@ -91,6 +93,9 @@ _SCAN_BUDGET = 100_000
 _PROBE_CANDIDATES = 1_000
 _PROBE_BUDGET = 100_000
 _ACCEPT_BUDGET = _SCAN_BUDGET  # >= the docs any query within the scan budget can reach: those stay exact
+# A query whose lists hold at most this many postings in all is scored by the array kernel
+# (SearchIndex._pool_arrays: every list summed at once in C); longer ones by MaxScore in Python.
+_ARRAY_POSTINGS = _SCAN_BUDGET
 # Sub-word/prefix matches: a Latin query word of at least _PREFIX_MIN characters (stemmed, or as
 # typed) also matches the longer vocabulary terms it begins ("postgres", "Postgre", "ｐｏｓｔｇｒｅｓ" →
 # postgresql): the _PREFIX_TERMS of them with the most docs, found among the first _PREFIX_SCAN in
@@ -219,6 +224,17 @@ class _TermList:
             for s, k in zip(slots, self.keys):
                 acc[s] = get(s, 0.0) + w * table[k]
 
+    def arrays(self, impacts: np.ndarray):
+        """(slots, contributions) as arrays (or one-item lists), ``impacts`` the table as an array.
+        Copies: no view of the posting arrays outlives the call (a view would stop add() from
+        growing them)."""
+        slots = self.slots
+        if type(slots) is int:
+            return [slots], [self.w * self.table[self.keys]]
+        if impacts is None:  # the index dropped its cached tables since this list was made
+            impacts = np.array(self.table)
+        return np.array(slots, np.uint32), impacts[np.frombuffer(self.keys, np.uint16)] * self.w
+
     def probe(self, cands: list, scores: list) -> None:
         slots = self.slots
         w, table = self.w, self.table
@@ -322,6 +338,10 @@ class _PhraseBonus:
         for s in self.docs():
             acc[s] = get(s, 0.0) + v
 
+    def arrays(self, impacts=None):
+        docs = self.docs()
+        return np.fromiter(docs, np.int64, len(docs)), np.full(len(docs), self.ub)
+
     def probe(self, cands: list, scores: list) -> None:
         v = self.ub
         for i, s in enumerate(cands):
@@ -349,6 +369,10 @@ class _MaterialList:
         get = acc.get
         for s, v in self.vals.items():
             acc[s] = get(s, 0.0) + v
+
+    def arrays(self, impacts=None):
+        vals = self.vals
+        return np.fromiter(vals, np.int64, len(vals)), np.fromiter(vals.values(), np.float64, len(vals))
 
     def probe(self, cands: list, scores: list) -> None:
         get = self.vals.get
@@ -479,13 +503,14 @@ class QueryScores:
     per (doc, list).  Most queries are scanned whole: then no posting list is touched at all.
     Valid until the index next changes (it is used within one request)."""
 
-    __slots__ = ("_index", "_lists", "_acc", "_rest")
+    __slots__ = ("_index", "_lists", "_acc", "_rest", "_arrays")
 
-    def __init__(self, index: "SearchIndex", lists: list, acc: dict, i: int) -> None:
+    def __init__(self, index: "SearchIndex", lists: list, acc: dict, i: int, arrays=None) -> None:
         self._index = index
         self._lists = lists
         self._acc = acc
         self._rest = lists[i:]
+        self._arrays = arrays  # (sorted slots, totals) from SearchIndex._pool_arrays, else None
 
     def _slots(self, docs) -> dict[int, int]:
         """slot → doc for the docs that are indexed and live."""
@@ -504,6 +529,8 @@ class QueryScores:
         docs = list(docs)
         if not docs:
             return {}
+        if self._arrays is not None:
+            return self._array_totals(docs)
         dm = self._index._docmap
         if not dm.extra and 0 <= min(docs) and max(docs) < len(dm.arr):
             # docmap holds live slots only (-1 for the rest, which acc never holds): all in C
@@ -525,6 +552,22 @@ class QueryScores:
         for tl in self._rest:
             getattr(tl, "merge_into", tl.probe)(cands, scores)
         return {by_slot[s]: v for s, v in zip(cands, scores) if v}
+
+    def _array_totals(self, docs: list) -> dict[int, float]:
+        """totals() when the search summed every list into arrays: a binary search per doc, in C."""
+        touched, scores = self._arrays
+        dm = self._index._docmap
+        if not dm.extra and 0 <= min(docs) and max(docs) < len(dm.arr):
+            slots = np.array(list(map(dm.arr.__getitem__, docs)))  # -1: not indexed or removed
+        else:
+            by_slot = self._slots(docs)
+            docs = list(by_slot.values())
+            slots = np.array(list(by_slot), np.int64)
+        if not len(touched) or not len(slots):
+            return {}
+        at = np.minimum(np.searchsorted(touched, slots), len(touched) - 1)
+        vals = np.where(touched[at] == slots, scores[at], 0.0).tolist()
+        return dict(compress(zip(docs, vals), vals))
 
     def fields(self, docs) -> dict[int, tuple[float, float, float]]:
         """doc → exact own score per field (content, summary, tags), summed as search() sums its
@@ -652,6 +695,7 @@ class SearchIndex:
         self._sweep_pos: tuple[int, int] | None = None  # (field, tid) of a running pass
         self._sweep_covers = 0
         self._tables: dict[tuple[float, int], list[float]] = {}
+        self._impacts: dict[int, np.ndarray] = {}  # id(table) → its used rows as an array
         self._char_terms: dict[str, array] | None = None  # built on first one-char CJK query
         self._prefix: _PrefixVocab | None = None  # started by the first query, built in steps
         self._prefix_next: _PrefixVocab | None = None  # a rebuild under way (the old one serves)
@@ -921,6 +965,7 @@ class SearchIndex:
         b += sys.getsizeof(self._slot_doc) + sys.getsizeof(self._alive) + self._docmap.nbytes()
         for (_, rows), t in self._tables.items():
             b += sys.getsizeof(t) + (rows << _DL_BITS) * _SIZEOF_FLOAT
+        b += sum(a.nbytes for a in self._impacts.values())
         for pv in (self._prefix, self._prefix_next):
             if pv is not None:
                 b += pv.nbytes()
@@ -942,6 +987,7 @@ class SearchIndex:
         if t is None:
             if len(self._tables) >= 4:
                 self._tables.clear()
+                self._impacts.clear()
             c0 = K1 * (1.0 - B)
             c1 = K1 * B / q
             k1p = K1 + 1.0
@@ -952,6 +998,7 @@ class SearchIndex:
                 t.extend([num / (base + c1 * dl) for dl in _DL_REP])
             t.extend([0.0] * ((len(_TF_REP) - rows) << _DL_BITS))
             self._tables[(q, rows)] = t
+            self._impacts[id(t)] = np.array(t[:rows << _DL_BITS])
         return t
 
     def _char_index(self) -> dict[str, array]:
@@ -1175,27 +1222,25 @@ class SearchIndex:
         Hit sums per field first, so the two may differ in the last bit and docs tied to it may
         swap).  For stages that rerank a pool and want the breakdown of their own finalists only
         (QueryScores.fields; storaged/rank.py): it saves probing every list for the whole pool."""
-        pool, acc, _, scorer = self._pool(query, limit, accept, fields)
+        pool, totals, _, scorer = self._pool(query, limit, accept, fields)
         slot_doc = self._slot_doc
-        own = [(slot_doc[s], acc[s]) for s in pool]
+        own = [(slot_doc[s], v) for s, v in zip(pool, totals)]
         if tiebreak is None:
             return nlargest(limit, own, key=lambda h: (h[1], h[0])), scorer
         return nlargest(limit, own, key=lambda h: (h[1], tiebreak(h[0]))), scorer
 
-    def _pool(self, query: str, limit: int, accept, fields) -> tuple[list[int], dict, list, "QueryScores"]:
-        """(pool, acc, lists, scorer): the slots of the acceptable docs scoring within float noise
-        of the limit-th best (see _top_pool), acc holding their exact totals, the query's lists.
-        The body of search_scored(), whose docstring tells the budgets."""
+    def _pool(self, query: str, limit: int, accept, fields) -> tuple[list[int], list[float], list, "QueryScores"]:
+        """(pool, totals, lists, scorer): the slots of the acceptable docs scoring within float
+        noise of the limit-th best (see _top_pool), their exact totals (lists summed in the order
+        they are sorted here, best bound first), the query's lists.  The body of search_scored(),
+        whose docstring tells the budgets; a query within _ARRAY_POSTINGS goes to _pool_arrays."""
         if limit <= 0 or not self._live:
-            return [], {}, [], QueryScores(self, [], {}, 0)
+            return [], [], [], QueryScores(self, [], {}, 0)
         lists = self._query_lists(query, fields)
         if not lists:
-            return [], {}, [], QueryScores(self, [], {}, 0)
+            return [], [], [], QueryScores(self, [], {}, 0)
         lists.sort(key=lambda tl: -tl.ub)
         n = len(lists)
-        rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
-        for i in range(n - 1, -1, -1):
-            rem[i] = rem[i + 1] + lists[i].ub
         rem_size = [0] * (n + 1)
         for i in range(n - 1, -1, -1):
             rem_size[i] = rem_size[i + 1] + lists[i].size
@@ -1203,6 +1248,11 @@ class SearchIndex:
         alive = self._alive
         slot_doc = self._slot_doc
         ok = _verdicts(alive, slot_doc, accept)
+        if rem_size[0] <= _ARRAY_POSTINGS:
+            return self._pool_arrays(lists, limit, ok)
+        rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
+        for i in range(n - 1, -1, -1):
+            rem[i] = rem[i + 1] + lists[i].ub
 
         acc: dict[int, float] = {}
         i = 0
@@ -1260,7 +1310,61 @@ class SearchIndex:
             for j in range(i, n):
                 lists[j].probe(cands, scores)
             acc = dict(zip(cands, scores))
-        return self._top_pool(acc, limit, ok), acc, lists, scorer
+        pool = self._top_pool(acc, limit, ok)
+        return pool, list(map(acc.__getitem__, pool)), lists, scorer
+
+    def _pool_arrays(self, lists: list, limit: int, ok) -> tuple[list[int], list[float], list, "QueryScores"]:
+        """_pool() for a query within _ARRAY_POSTINGS: every list at once, in C.
+
+        Why: MaxScore saves postings, but each one it reads costs a Python step (~1 µs); here all
+        of the query's postings go into one pair of arrays (slots, contributions, lists in their
+        sorted order) and one np.bincount sums them per slot: the same additions in the same order
+        as scanning list after list into a dict, so the same totals to the bit, for every doc the
+        query reaches.  The accumulator is dense (a float per slot) when that is cheaper than
+        sorting the postings (np.unique), which only a small query on a big index is.  The pool
+        is then picked as _top_pool does: `ok` asked best-first, about as few docs as it can."""
+        impacts = self._impacts
+        parts = [tl.arrays(impacts.get(id(getattr(tl, "table", None)))) for tl in lists]
+        postings = np.concatenate([p[0] for p in parts])
+        values = np.concatenate([p[1] for p in parts])
+        del parts
+        nslots = len(self._slot_doc)
+        if nslots <= 8 * len(postings) + 65536:
+            acc = np.bincount(postings, values, nslots)
+            touched = np.flatnonzero(acc)
+            scores = acc[touched]
+            del acc
+        else:
+            touched, inverse = np.unique(postings, return_inverse=True)
+            scores = np.bincount(inverse, values)
+        scorer = QueryScores(self, lists, {}, len(lists), (touched, scores))
+        t = len(touched)
+        k = min(t, 2 * limit + 8)
+        theta = None
+        while True:  # the best k by score, widened until `limit` of them are acceptable
+            top = np.argpartition(scores, t - k)[t - k:] if k < t else np.arange(t)
+            top = top[np.argsort(scores[top])[::-1]]
+            good = 0
+            for s, v in zip(touched[top].tolist(), scores[top].tolist()):
+                if ok(s):
+                    good += 1
+                    if good == limit:
+                        theta = v
+                        break
+                elif ok.spent:
+                    break
+            if theta is not None or k == t or ok.spent:
+                break
+            k = min(t, 4 * k)
+        if theta is not None:  # every acceptable doc within float noise of the limit-th best
+            cut = theta * (1.0 - 1e-9) - 1e-12
+            top = np.flatnonzero(scores >= cut)
+        pool, totals = [], []
+        for s, v in zip(touched[top].tolist(), scores[top].tolist()):
+            if ok(s):
+                pool.append(s)
+                totals.append(v)
+        return pool, totals, lists, scorer
 
     @staticmethod
     def _shut_out(acc: dict, bound: float, limit: int, ok: Callable[[int], bool]) -> list | None:
