@@ -510,7 +510,9 @@ class QueryScores:
         self._lists = lists
         self._acc = acc
         self._rest = lists[i:]
-        self._arrays = arrays  # (sorted slots, totals) from SearchIndex._pool_arrays, else None
+        # from SearchIndex._pool_arrays: (sorted slots, their totals, all postings, their
+        # contributions, postings per list), else None
+        self._arrays = arrays
 
     def _slots(self, docs) -> dict[int, int]:
         """slot → doc for the docs that are indexed and live."""
@@ -554,28 +556,62 @@ class QueryScores:
         return {by_slot[s]: v for s, v in zip(cands, scores) if v}
 
     def _array_totals(self, docs: list) -> dict[int, float]:
-        """totals() when the search summed every list into arrays: a binary search per doc, in C."""
-        touched, scores = self._arrays
-        dm = self._index._docmap
-        if not dm.extra and 0 <= min(docs) and max(docs) < len(dm.arr):
-            slots = np.array(list(map(dm.arr.__getitem__, docs)))  # -1: not indexed or removed
-        else:
-            by_slot = self._slots(docs)
-            docs = list(by_slot.values())
-            slots = np.array(list(by_slot), np.int64)
-        if not len(touched) or not len(slots):
-            return {}
-        at = np.minimum(np.searchsorted(touched, slots), len(touched) - 1)
-        vals = np.where(touched[at] == slots, scores[at], 0.0).tolist()
+        """totals() when the search summed every list into arrays."""
+        vals = self.own(docs).tolist()
         return dict(compress(zip(docs, vals), vals))
+
+    def own(self, docs: list[int]) -> np.ndarray:
+        """The own score of each of ``docs`` (0.0 for a doc that scores nothing, is not indexed
+        or is negative: -1 pads storaged/rank.py's rows), as totals() gives it, in an array.
+        After the array kernel a binary search per doc in its sorted slots, in C."""
+        if self._arrays is None:
+            got = self.totals({d for d in docs if d >= 0})
+            return np.fromiter(map(got.get, docs, repeat(0.0)), np.float64, len(docs))
+        touched, scores = self._arrays[:2]
+        if not len(docs) or not len(touched):
+            return np.zeros(len(docs))
+        dm = self._index._docmap
+        arr, extra = dm.arr, dm.extra.get
+        n = len(arr)  # docmap holds live slots only, -1 for the rest
+        if not extra and max(docs) < n:
+            slots = np.fromiter(map(arr.__getitem__, docs), np.int64, len(docs))
+            slots[np.fromiter(docs, np.int64, len(docs)) < 0] = -1  # arr[-1] is the last doc's
+        else:
+            slots = np.fromiter((arr[d] if 0 <= d < n else extra(d, -1) for d in docs), np.int64, len(docs))
+        at = np.minimum(np.searchsorted(touched, slots), len(touched) - 1)
+        return np.where(touched[at] == slots, scores[at], 0.0)
 
     def fields(self, docs) -> dict[int, tuple[float, float, float]]:
         """doc → exact own score per field (content, summary, tags), summed as search() sums its
         hits, for the given docs that score anything."""
         by_slot = self._slots(docs)
         cands = sorted(by_slot)
-        c, s, t = _field_scores(self._lists, cands)
+        c, s, t = self.per_field(cands)
         return {by_slot[x]: (c[j], s[j], t[j]) for j, x in enumerate(cands) if c[j] or s[j] or t[j]}
+
+    def per_field(self, cands: list[int]) -> list[list[float]]:
+        """Per field, the exact scores of the sorted slots ``cands`` (_field_scores).  After the
+        array kernel, read off its postings in C: each list's postings of the candidates, summed
+        per field in list order by np.bincount, the same additions as probing list after list."""
+        if self._arrays is None or not cands:
+            return _field_scores(self._lists, cands)
+        postings, values, lengths = self._arrays[2:]
+        ca = np.fromiter(cands, np.int64, len(cands))
+        at = np.minimum(np.searchsorted(ca, postings), len(ca) - 1)
+        sel = np.flatnonzero(ca[at] == postings)  # postings of the candidates, in list order
+        at, values = at[sel], values[sel]
+        lists = self._lists
+        present = {tl.field for tl in lists}
+        if len(present) == 1:
+            (f,) = present
+            return [np.bincount(at, values, len(ca)).tolist() if g == f else [0.0] * len(ca)
+                    for g in range(len(FIELDS))]
+        fieldvec = np.repeat(np.array([tl.field for tl in lists], np.int8), lengths)[sel]
+        out = []
+        for f in range(len(FIELDS)):
+            mine = fieldvec == f
+            out.append(np.bincount(at[mine], values[mine], len(ca)).tolist() if f in present else [0.0] * len(ca))
+        return out
 
 
 def _prefix_candidate(term: str) -> bool:
@@ -1203,7 +1239,7 @@ class SearchIndex:
 
         # Exact per-field scores for the finalists, then the final order.
         pool.sort()
-        c, sm, t = _field_scores(lists, pool)
+        c, sm, t = scorer.per_field(pool)
         hits = [Hit(slot_doc[s], c[j] + sm[j] + t[j], c[j], sm[j], t[j]) for j, s in enumerate(pool)]
         if tiebreak is None:
             return nlargest(limit, hits, key=lambda h: (h.score, h.doc)), scorer
@@ -1249,7 +1285,7 @@ class SearchIndex:
         slot_doc = self._slot_doc
         ok = _verdicts(alive, slot_doc, accept)
         if rem_size[0] <= _ARRAY_POSTINGS:
-            return self._pool_arrays(lists, limit, ok)
+            return self._pool_arrays(lists, limit, ok if accept is not None else None)
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
         for i in range(n - 1, -1, -1):
             rem[i] = rem[i + 1] + lists[i].ub
@@ -1322,22 +1358,34 @@ class SearchIndex:
         as scanning list after list into a dict, so the same totals to the bit, for every doc the
         query reaches.  The accumulator is dense (a float per slot) when that is cheaper than
         sorting the postings (np.unique), which only a small query on a big index is.  The pool
-        is then picked as _top_pool does: `ok` asked best-first, about as few docs as it can."""
+        is then picked as _top_pool does: `ok` (None: no filter, liveness checked in C) asked
+        best-first, about as few docs as it can."""
         impacts = self._impacts
         parts = [tl.arrays(impacts.get(id(getattr(tl, "table", None)))) for tl in lists]
         postings = np.concatenate([p[0] for p in parts])
         values = np.concatenate([p[1] for p in parts])
+        lengths = [len(p[0]) for p in parts]
         del parts
         nslots = len(self._slot_doc)
         if nslots <= 8 * len(postings) + 65536:
             acc = np.bincount(postings, values, nslots)
-            touched = np.flatnonzero(acc)
+            touched = np.flatnonzero(acc > 0)  # every contribution is positive; (bool: 6x faster)
             scores = acc[touched]
             del acc
         else:
             touched, inverse = np.unique(postings, return_inverse=True)
             scores = np.bincount(inverse, values)
-        scorer = QueryScores(self, lists, {}, len(lists), (touched, scores))
+        scorer = QueryScores(self, lists, {}, len(lists), (touched, scores, postings, values, lengths))
+        if ok is None:  # no filter: the live docs, all at once
+            view = np.frombuffer(self._alive, np.uint8)  # dropped at once: add() must grow it
+            live = view[touched] != 0
+            del view
+            n_live = int(np.count_nonzero(live))
+            if n_live > limit:
+                theta = np.partition(scores[live], n_live - limit)[n_live - limit]
+                live &= scores >= theta * (1.0 - 1e-9) - 1e-12
+            top = np.flatnonzero(live)
+            return touched[top].tolist(), scores[top].tolist(), lists, scorer
         t = len(touched)
         k = min(t, 2 * limit + 8)
         theta = None
