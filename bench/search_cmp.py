@@ -105,11 +105,12 @@ def main() -> None:
             times: list[list[float]] = [[] for _ in runs]
             clock = time.thread_time
             for _ in range(args.rounds):
-                for q in qs:
-                    for run, ts in zip(runs, times):
+                for i, q in enumerate(qs):  # each revision goes first as often as the others
+                    for j in range(len(runs)):
+                        j = (i + j) % len(runs)
                         t0 = clock()
-                        run(q)
-                        ts.append(clock() - t0)
+                        runs[j](q)
+                        times[j].append(clock() - t0)
             cells = [f"{pct(ts, .5):8.2f} / {pct(ts, .95):8.2f}" for ts in times]
             ratio = statistics.median(times[0]) / statistics.median(times[-1])
             print(f"{n:>8} | " + " | ".join(f"{c:>20}" for c in cells) + f" | {ratio:.2f}", flush=True)

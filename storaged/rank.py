@@ -71,34 +71,62 @@ def _phrase_runs(query: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _best_in_context(docs: np.ndarray, vals: np.ndarray, mid: bytearray, radius: int, weights, limit: int,
+def _windows(pool: list[int], neighbours: Neighbours, radius: int) -> tuple[list[int], np.ndarray]:
+    """(row, keep): each pool doc's window of ±2·radius places (one neighbours() call each), side
+    by side in one row with `radius` gaps (-1) before each window and after the last, and keep[i]
+    true where row[i] is a doc within `radius` of its window's pool doc.  A window holds the
+    ±radius of each doc it keeps (it is cut short only by its session's ends), so no other doc
+    is looked up and no session is walked."""
+    r2 = 2 * radius
+    gap = [-1] * radius
+    row: list[int] = []
+    shorts = []  # (before, after) counts
+    for d in pool:
+        before, after = neighbours(d, r2)
+        row += gap
+        row += reversed(before)
+        row.append(d)
+        row += after
+        shorts.append((len(before), len(after)))
+    row += gap
+    c, a = np.array(shorts, np.int64).T
+    lens = radius + c + 1 + a
+    centre = np.cumsum(lens) - a - 1  # the pool doc's place in row
+    n = len(row) - radius
+    keep = np.zeros(len(row), np.bool_)
+    keep[:n] = np.abs(np.arange(n) - np.repeat(centre, lens)) <= radius
+    keep[:n] &= np.fromiter(row[:n], np.int64, n) >= 0  # a gap next to a window cut short
+    return row, keep
+
+
+def _best_in_context(docs: np.ndarray, vals: np.ndarray, keep: np.ndarray, weights, limit: int,
                      accept, tiebreak, own_match: bool) -> list[tuple[float, int, float]]:
     """The ``limit`` best (final score, doc, context share) among the docs of the row ``docs``
-    (own scores ``vals``) marked in ``mid``, in order (final score, then tiebreak or doc,
-    descending).  Every share of every window in a few array passes: the same additions, in the
-    same order, as doc by doc in Python.  ``accept`` and ``tiebreak`` are asked best-first, about
-    the docs that can still make the page."""
-    n = len(docs) - radius
-    keep = np.frombuffer(bytes(mid[radius:n]), np.bool_)
-    own = vals[radius:n][keep]
-    ctx = np.zeros(len(own))
+    (own scores ``vals``) marked in ``keep`` (_windows), in order (final score, then tiebreak or
+    doc, descending).  Every share of every window in a few array passes: the same additions, in
+    the same order, as doc by doc in Python.  ``accept`` and ``tiebreak`` are asked best-first,
+    about the docs that can still make the page."""
+    at = np.flatnonzero(keep)
+    own = vals[at]
+    ctx = np.zeros(len(at))
     for k, w in enumerate(weights, 1):
-        ctx = ctx + w * np.maximum(vals[radius - k:n - k][keep], vals[radius + k:n + k][keep])
+        ctx = ctx + w * np.maximum(vals[at - k], vals[at + k])
     final = own + ctx
-    docs = docs[radius:n][keep]
-    # a doc in several windows gets the same numbers in each: keep one
-    docs, first = np.unique(docs, return_index=True)
-    final, ctx, own = final[first], ctx[first], own[first]
+    docs = docs[at]
     worth = final > 0
     if own_match:
         worth &= own > 0
     sel = np.flatnonzero(worth)
     order = sel[np.lexsort((docs[sel], final[sel]))[::-1]]  # final, then doc, descending
     out: list[tuple[float, int, float]] = []
+    seen = set()  # a doc in several windows gets the same numbers in each: take it once
     cut = None
     for f, d, x in zip(final[order].tolist(), docs[order].tolist(), ctx[order].tolist()):
         if cut is not None and f < cut:
             break
+        if d in seen:
+            continue
+        seen.add(d)
         if accept is None or accept(d):
             out.append((f, d, x))
             if len(out) == limit:
@@ -142,32 +170,10 @@ def ranked_search(
     if not total:
         return []
 
-    # Every doc within `radius` of the pool may be returned.  One call per pool doc fetches its
-    # window of ±2·radius places, which holds the ±radius of each of those docs (a window is cut
-    # short only by its session's ends), so nothing else is looked up and no session is walked.
-    # The windows lie side by side in one row, `radius` empty places between them, so the context
-    # share of every eligible doc comes from a few C-level passes over the row, not doc by doc.
-    row: list = []  # docs, -1 for the gaps
-    mid = bytearray()  # 1 where the doc is within `radius` of its window's pool doc
+    # Every doc within `radius` of the pool may be returned (_windows); their own scores come
+    # from the scorer in one call, and the context shares from a few array passes over the row.
     if radius:
-        gap = [-1] * radius
-        r2 = 2 * radius
-        full = bytes(2 * radius) + b"\x01" * (r2 + 1) + bytes(radius)  # a window not cut short
-        for d in pool:
-            before, after = neighbours(d, r2)
-            c, a = len(before), len(after)
-            row += gap
-            row += reversed(before)
-            row.append(d)
-            row += after
-            if c == a == r2:
-                mid += full
-            else:
-                mid += bytes(max(0, c - radius) + radius)
-                mid += b"\x01" * (min(c, radius) + 1 + min(a, radius))
-                mid += bytes(max(0, a - radius))
-        row += gap
-        mid += bytes(radius)
+        row, keep = _windows(pool, neighbours, radius)
         docs = np.fromiter(row, np.int64, len(row))
         vals = scorer.own(row)  # the pool's own scores too: the same numbers as in `total`
 
@@ -188,7 +194,7 @@ def ranked_search(
                 total[d] += b
 
     if radius:
-        best = _best_in_context(docs, vals, mid, radius, weights, limit, accept, tiebreak, own_match)
+        best = _best_in_context(docs, vals, keep, weights, limit, accept, tiebreak, own_match)
     else:
         get = total.get
         scored = [(v, d, 0.0) for d in pool if (v := get(d, 0.0)) > 0]

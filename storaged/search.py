@@ -48,7 +48,7 @@ from bisect import bisect_left, insort
 from collections import Counter
 from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress, repeat
-from operator import and_
+from operator import and_, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -226,14 +226,14 @@ class _TermList:
 
     def arrays(self, impacts: np.ndarray):
         """(slots, contributions) as arrays (or one-item lists), ``impacts`` the table as an array.
-        Copies: no view of the posting arrays outlives the call (a view would stop add() from
-        growing them)."""
+        The slots are a view of the posting array: the caller must drop it before the index next
+        changes (while a view exists, add() cannot grow the array)."""
         slots = self.slots
         if type(slots) is int:
             return [slots], [self.w * self.table[self.keys]]
         if impacts is None:  # the index dropped its cached tables since this list was made
             impacts = np.array(self.table)
-        return np.array(slots, np.uint32), impacts[np.frombuffer(self.keys, np.uint16)] * self.w
+        return np.frombuffer(slots, np.uint32), impacts[np.frombuffer(self.keys, np.uint16)] * self.w
 
     def probe(self, cands: list, scores: list) -> None:
         slots = self.slots
@@ -573,11 +573,16 @@ class QueryScores:
         dm = self._index._docmap
         arr, extra = dm.arr, dm.extra.get
         n = len(arr)  # docmap holds live slots only, -1 for the rest
-        if not extra and max(docs) < n:
+        if not dm.extra and max(docs) < n:
             slots = np.fromiter(map(arr.__getitem__, docs), np.int64, len(docs))
             slots[np.fromiter(docs, np.int64, len(docs)) < 0] = -1  # arr[-1] is the last doc's
         else:
             slots = np.fromiter((arr[d] if 0 <= d < n else extra(d, -1) for d in docs), np.int64, len(docs))
+        return self._lookup(slots)
+
+    def _lookup(self, slots: np.ndarray) -> np.ndarray:
+        """The kernel's totals of ``slots`` (0.0 for a slot it did not reach, or -1)."""
+        touched, scores = self._arrays[:2]
         at = np.minimum(np.searchsorted(touched, slots), len(touched) - 1)
         return np.where(touched[at] == slots, scores[at], 0.0)
 
@@ -597,15 +602,14 @@ class QueryScores:
             return _field_scores(self._lists, cands)
         postings, values, lengths = self._arrays[2:]
         ca = np.fromiter(cands, np.int64, len(cands))
+        lists = self._lists
+        present = {tl.field for tl in lists}
+        if len(present) == 1:  # one field's lists: its score is the total, summed alike
+            (f,) = present
+            return [self._lookup(ca).tolist() if g == f else [0.0] * len(ca) for g in range(len(FIELDS))]
         at = np.minimum(np.searchsorted(ca, postings), len(ca) - 1)
         sel = np.flatnonzero(ca[at] == postings)  # postings of the candidates, in list order
         at, values = at[sel], values[sel]
-        lists = self._lists
-        present = {tl.field for tl in lists}
-        if len(present) == 1:
-            (f,) = present
-            return [np.bincount(at, values, len(ca)).tolist() if g == f else [0.0] * len(ca)
-                    for g in range(len(FIELDS))]
         fieldvec = np.repeat(np.array([tl.field for tl in lists], np.int8), lengths)[sel]
         out = []
         for f in range(len(FIELDS)):
@@ -1261,8 +1265,9 @@ class SearchIndex:
         pool, totals, _, scorer = self._pool(query, limit, accept, fields)
         slot_doc = self._slot_doc
         own = [(slot_doc[s], v) for s, v in zip(pool, totals)]
-        if tiebreak is None:
-            return nlargest(limit, own, key=lambda h: (h[1], h[0])), scorer
+        if tiebreak is None:  # (score, doc) is unique: a sort is nlargest's order, in C
+            own.sort(key=itemgetter(1, 0), reverse=True)
+            return own[:limit], scorer
         return nlargest(limit, own, key=lambda h: (h[1], tiebreak(h[0]))), scorer
 
     def _pool(self, query: str, limit: int, accept, fields) -> tuple[list[int], list[float], list, "QueryScores"]:
