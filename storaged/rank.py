@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from heapq import nlargest
 from itertools import repeat
+from operator import itemgetter
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -71,32 +72,32 @@ def _phrase_runs(query: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _windows(pool: list[int], neighbours: Neighbours, radius: int) -> tuple[list[int], np.ndarray]:
+def _windows(pool: list[int], neighbours: Neighbours, radius: int) -> tuple[np.ndarray, np.ndarray]:
     """(row, keep): each pool doc's window of ±2·radius places (one neighbours() call each), side
     by side in one row with `radius` gaps (-1) before each window and after the last, and keep[i]
     true where row[i] is a doc within `radius` of its window's pool doc.  A window holds the
     ±radius of each doc it keeps (it is cut short only by its session's ends), so no other doc
     is looked up and no session is walked."""
-    r2 = 2 * radius
+    wins = list(map(neighbours, pool, repeat(2 * radius)))
     gap = [-1] * radius
     row: list[int] = []
-    shorts = []  # (before, after) counts
-    for d in pool:
-        before, after = neighbours(d, r2)
-        row += gap
-        row += reversed(before)
+    extend = row.extend
+    for d, (before, after) in zip(pool, wins):
+        extend(gap)
+        extend(reversed(before))
         row.append(d)
-        row += after
-        shorts.append((len(before), len(after)))
-    row += gap
-    c, a = np.array(shorts, np.int64).T
+        extend(after)
+    extend(gap)
+    c = np.fromiter(map(len, map(itemgetter(0), wins)), np.int64, len(wins))
+    a = np.fromiter(map(len, map(itemgetter(1), wins)), np.int64, len(wins))
     lens = radius + c + 1 + a
     centre = np.cumsum(lens) - a - 1  # the pool doc's place in row
+    docs = np.fromiter(row, np.int64, len(row))
     n = len(row) - radius
     keep = np.zeros(len(row), np.bool_)
     keep[:n] = np.abs(np.arange(n) - np.repeat(centre, lens)) <= radius
-    keep[:n] &= np.fromiter(row[:n], np.int64, n) >= 0  # a gap next to a window cut short
-    return row, keep
+    keep &= docs >= 0  # not a gap next to a window cut short
+    return docs, keep
 
 
 def _best_in_context(docs: np.ndarray, vals: np.ndarray, keep: np.ndarray, weights, limit: int,
@@ -106,11 +107,12 @@ def _best_in_context(docs: np.ndarray, vals: np.ndarray, keep: np.ndarray, weigh
     doc, descending).  Every share of every window in a few array passes: the same additions, in
     the same order, as doc by doc in Python.  ``accept`` and ``tiebreak`` are asked best-first,
     about the docs that can still make the page."""
-    at = np.flatnonzero(keep)
-    own = vals[at]
-    ctx = np.zeros(len(at))
+    r, n = len(weights), len(vals)  # kept places lie in [r, n - r): the row's first and last gaps
+    ctx = np.zeros(n)
     for k, w in enumerate(weights, 1):
-        ctx = ctx + w * np.maximum(vals[at - k], vals[at + k])
+        ctx[r:n - r] = ctx[r:n - r] + w * np.maximum(vals[r - k:n - r - k], vals[r + k:n - r + k])
+    at = np.flatnonzero(keep)
+    own, ctx = vals[at], ctx[at]
     final = own + ctx
     docs = docs[at]
     worth = final > 0
@@ -173,9 +175,8 @@ def ranked_search(
     # Every doc within `radius` of the pool may be returned (_windows); their own scores come
     # from the scorer in one call, and the context shares from a few array passes over the row.
     if radius:
-        row, keep = _windows(pool, neighbours, radius)
-        docs = np.fromiter(row, np.int64, len(row))
-        vals = scorer.own(row)  # the pool's own scores too: the same numbers as in `total`
+        docs, keep = _windows(pool, neighbours, radius)
+        vals = scorer.own(docs)  # the pool's own scores too: the same numbers as in `total`
 
     phrases = _phrase_runs(query) if text_of is not None and 0 in fields else []
     bonus_of: dict[int, float] = {}
@@ -188,7 +189,7 @@ def ranked_search(
             if n:
                 bonus_of[d] = n * bonus
         if bonus_of and radius:
-            vals = vals + np.fromiter(map(bonus_of.get, row, repeat(0.0)), np.float64, len(row))
+            vals = vals + np.fromiter(map(bonus_of.get, docs.tolist(), repeat(0.0)), np.float64, len(docs))
         for d, b in bonus_of.items():
             if d in total:
                 total[d] += b

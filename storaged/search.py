@@ -557,27 +557,29 @@ class QueryScores:
 
     def _array_totals(self, docs: list) -> dict[int, float]:
         """totals() when the search summed every list into arrays."""
-        vals = self.own(docs).tolist()
+        vals = self.own(np.array(docs, np.int64)).tolist()
         return dict(compress(zip(docs, vals), vals))
 
-    def own(self, docs: list[int]) -> np.ndarray:
-        """The own score of each of ``docs`` (0.0 for a doc that scores nothing, is not indexed
-        or is negative: -1 pads storaged/rank.py's rows), as totals() gives it, in an array.
-        After the array kernel a binary search per doc in its sorted slots, in C."""
+    def own(self, docs: np.ndarray) -> np.ndarray:
+        """The own score of each of ``docs`` (an int64 array; 0.0 for a doc that scores nothing,
+        is not indexed or is negative: -1 pads storaged/rank.py's rows), as totals() gives it.
+        After the array kernel, docs → slots and a binary search per slot in its sorted slots,
+        all in C."""
         if self._arrays is None:
-            got = self.totals({d for d in docs if d >= 0})
-            return np.fromiter(map(got.get, docs, repeat(0.0)), np.float64, len(docs))
-        touched, scores = self._arrays[:2]
-        if not len(docs) or not len(touched):
+            row = docs.tolist()
+            got = self.totals({d for d in row if d >= 0})
+            return np.fromiter(map(got.get, row, repeat(0.0)), np.float64, len(row))
+        if not len(docs) or not len(self._arrays[0]):
             return np.zeros(len(docs))
         dm = self._index._docmap
-        arr, extra = dm.arr, dm.extra.get
-        n = len(arr)  # docmap holds live slots only, -1 for the rest
-        if not dm.extra and max(docs) < n:
-            slots = np.fromiter(map(arr.__getitem__, docs), np.int64, len(docs))
-            slots[np.fromiter(docs, np.int64, len(docs)) < 0] = -1  # arr[-1] is the last doc's
-        else:
-            slots = np.fromiter((arr[d] if 0 <= d < n else extra(d, -1) for d in docs), np.int64, len(docs))
+        n = len(dm.arr)
+        inside = (docs >= 0) & (docs < n)
+        view = np.frombuffer(dm.arr, np.int32)  # dropped at once: add() must grow the map
+        slots = np.where(inside, view[np.where(inside, docs, 0)], -1)  # -1: not indexed or removed
+        del view
+        if dm.extra:  # docs beyond the flat map (not expected)
+            for i in np.flatnonzero(docs >= n).tolist():
+                slots[i] = dm.extra.get(int(docs[i]), -1)
         return self._lookup(slots)
 
     def _lookup(self, slots: np.ndarray) -> np.ndarray:
