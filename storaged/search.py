@@ -96,6 +96,9 @@ _ACCEPT_BUDGET = _SCAN_BUDGET  # >= the docs any query within the scan budget ca
 # A query whose lists hold at most this many postings in all is scored by the array kernel
 # (SearchIndex._pool_arrays: every list summed at once in C); longer ones by MaxScore in Python.
 _ARRAY_POSTINGS = _SCAN_BUDGET
+# Its accumulator is a float per slot (np.bincount, O(slots)) unless the index has more slots than
+# 8 per posting plus this many; then the postings are sorted instead (np.unique, O(P log P)).
+_DENSE_SLOTS = 65536
 # Sub-word/prefix matches: a Latin query word of at least _PREFIX_MIN characters (stemmed, or as
 # typed) also matches the longer vocabulary terms it begins ("postgres", "Postgre", "ｐｏｓｔｇｒｅｓ" →
 # postgresql): the _PREFIX_TERMS of them with the most docs, found among the first _PREFIX_SCAN in
@@ -1374,7 +1377,7 @@ class SearchIndex:
         lengths = [len(p[0]) for p in parts]
         del parts
         nslots = len(self._slot_doc)
-        if nslots <= 8 * len(postings) + 65536:
+        if nslots <= 8 * len(postings) + _DENSE_SLOTS:
             acc = np.bincount(postings, values, nslots)
             touched = np.flatnonzero(acc > 0)  # every contribution is positive; (bool: 6x faster)
             scores = acc[touched]
