@@ -16,10 +16,13 @@ both; max(0.55, 0.3) gives 0.763 with every category at or above the core alone.
 Bounded work, never a scan of a session: the core gives a pool of the best candidates by their own
 score (POOL docs, filtered and unfiltered); only the messages within R places of those can be
 returned, and neighbours() is asked once per pool doc (a window of ±2R places, which holds the ±R of
-each of them).  The window docs' own scores come from the search's own accumulator
-(SearchIndex.search_own → QueryScores: a dict lookup, plus a merge with any list MaxScore left
-unscanned), and the context shares of all windows are computed together in a few C-level passes; the
-per-field breakdown is computed for the returned hits only (QueryScores.fields).  Filters
+each of them).  The window docs' own scores come from what the search already summed
+(SearchIndex.search_own → QueryScores.own: after the array kernel a binary search in its sorted
+slots; after MaxScore a dict lookup plus a merge with any list it left unscanned), and the context
+shares of all windows are computed together in a few numpy passes over one row of windows, the same
+additions in the same order as doc by doc; the filter and the tiebreak are asked best-first, about
+the docs that can still make the page; the per-field breakdown is computed for the returned hits
+only (QueryScores.fields).  Filters
 decide what is *returned*; a neighbour's text counts whatever its kind, tier or tags.  A message that
 matches nothing itself can be returned through its neighbours: its own share is 0, the context share
 says why it is there.

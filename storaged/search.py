@@ -1,6 +1,6 @@
 """In-memory inverted index with BM25 ranking over three fields (content, summary, tags).
 
-Layout (chosen for memory at 1M messages and for pure-Python query speed):
+Layout (chosen for memory at 1M messages and for query speed):
 
 * Every add() gets a new dense *slot*; postings hold slots, so each posting list is sorted by
   construction (binary search works) even when docs arrive out of order, and a re-added doc never
@@ -20,8 +20,13 @@ Layout (chosen for memory at 1M messages and for pure-Python query speed):
   pass over all postings; the store may also call it when convenient).  dump() saves the state
   as is, so scores after load() are identical.
 
-Query evaluation is term-at-a-time MaxScore: lists are taken in decreasing order of their upper
-bound; once `limit` acceptable docs score more than everything the remaining lists could still
+Query evaluation, for a query whose lists hold at most _ARRAY_POSTINGS postings in all (every
+LoCoMo question at 100k messages): the array kernel (SearchIndex._pool_arrays, numpy).  All of its
+postings go into one array, in list order, and one np.bincount sums them per slot: in C, and the
+same additions in the same order as scanning list after list, so the same scores to the bit.  The
+posting arrays are read through views that never outlive the call (a live view would stop add()
+from growing them).  Longer queries: term-at-a-time MaxScore in Python, which reads fewer
+postings: lists are taken in decreasing order of their upper bound; once `limit` acceptable docs score more than everything the remaining lists could still
 give a newcomer, the remaining (long, low-idf) lists are only probed by binary search for the
 surviving candidates instead of being scanned.  Results are exact (not approximate top-k) unless a
 query hits one of the budgets that bound the work of every call (many common words: postings
@@ -500,11 +505,13 @@ class QueryScores:
     search already computed, for stages that score docs it did not return (storaged/rank.py:
     session neighbours of the candidates).
 
-    Why: search() scanned lists[:i] in full into its accumulator (slot → partial score), so a doc's
-    score is one dict lookup there, plus, only for the lists MaxScore left unscanned (long, low-idf
-    ones), one merge of the sorted docs with each such list (_TermList.probe) — not a binary search
-    per (doc, list).  Most queries are scanned whole: then no posting list is touched at all.
-    Valid until the index next changes (it is used within one request)."""
+    Why: the array kernel summed every list for every doc it reached (sorted slots, totals): a
+    doc's score is a binary search there, in C, and its per-field breakdown a pass over the
+    query's postings kept with them.  After MaxScore, search() scanned lists[:i] in full into its
+    accumulator (slot → partial score), so a doc's score is one dict lookup there, plus, only for
+    the lists MaxScore left unscanned (long, low-idf ones), one merge of the sorted docs with each
+    such list (_TermList.probe) — not a binary search per (doc, list).  Valid until the index next
+    changes (it is used within one request)."""
 
     __slots__ = ("_index", "_lists", "_acc", "_rest", "_arrays")
 
