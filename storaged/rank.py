@@ -82,15 +82,11 @@ def _windows(pool: list[int], neighbours: Neighbours, radius: int) -> tuple[np.n
     ±radius of each doc it keeps (it is cut short only by its session's ends), so no other doc
     is looked up and no session is walked."""
     wins = list(map(neighbours, pool, repeat(2 * radius)))
-    gap = [-1] * radius
+    gap = (-1,) * radius
     row: list[int] = []
-    extend = row.extend
     for d, (before, after) in zip(pool, wins):
-        extend(gap)
-        extend(reversed(before))
-        row.append(d)
-        extend(after)
-    extend(gap)
+        row += (*gap, *reversed(before), d, *after)
+    row += gap
     c = np.fromiter(map(len, map(itemgetter(0), wins)), np.int64, len(wins))
     a = np.fromiter(map(len, map(itemgetter(1), wins)), np.int64, len(wins))
     lens = radius + c + 1 + a
@@ -126,18 +122,23 @@ def _best_in_context(docs: np.ndarray, vals: np.ndarray, keep: np.ndarray, weigh
     out: list[tuple[float, int, float]] = []
     seen = set()  # a doc in several windows gets the same numbers in each: take it once
     cut = None
-    for f, d, x in zip(final[order].tolist(), docs[order].tolist(), ctx[order].tolist()):
-        if cut is not None and f < cut:
-            break
-        if d in seen:
-            continue
-        seen.add(d)
-        if accept is None or accept(d):
-            out.append((f, d, x))
-            if len(out) == limit:
-                if tiebreak is None:
-                    return out
-                cut = f  # docs tied with the last one compete by tiebreak
+    lo, step = 0, 2 * limit + 8
+    while lo < len(order):  # best-first, a band at a time (most pages fill from the first)
+        band = order[lo:lo + step]
+        lo, step = lo + step, 4 * step
+        for f, d, x in zip(final[band].tolist(), docs[band].tolist(), ctx[band].tolist()):
+            if cut is not None and f < cut:
+                lo = len(order)
+                break
+            if d in seen:
+                continue
+            seen.add(d)
+            if accept is None or accept(d):
+                out.append((f, d, x))
+                if len(out) == limit:
+                    if tiebreak is None:
+                        return out
+                    cut = f  # docs tied with the last one compete by tiebreak
     if tiebreak is None:
         return out
     return nlargest(limit, out, key=lambda x: (x[0], tiebreak(x[1])))

@@ -579,8 +579,8 @@ class QueryScores:
             row = docs.tolist()
             got = self.totals({d for d in row if d >= 0})
             return np.fromiter(map(got.get, row, repeat(0.0)), np.float64, len(row))
-        if not len(docs) or not len(self._arrays[0]):
-            return np.zeros(len(docs))
+        if not len(docs):
+            return np.zeros(0)
         dm = self._index._docmap
         n = len(dm.arr)
         inside = (docs >= 0) & (docs < n)
@@ -595,6 +595,8 @@ class QueryScores:
     def _lookup(self, slots: np.ndarray) -> np.ndarray:
         """The kernel's totals of ``slots`` (0.0 for a slot it did not reach, or -1)."""
         touched, scores = self._arrays[:2]
+        if not len(touched):
+            return np.zeros(len(slots))
         at = np.minimum(np.searchsorted(touched, slots), len(touched) - 1)
         return np.where(touched[at] == slots, scores[at], 0.0)
 
