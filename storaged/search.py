@@ -1380,11 +1380,21 @@ class SearchIndex:
         is then picked as _top_pool does: `ok` (None: no filter, liveness checked in C) asked
         best-first, about as few docs as it can."""
         impacts = self._impacts
-        parts = [tl.arrays(impacts.get(id(getattr(tl, "table", None)))) for tl in lists]
-        postings = np.concatenate([p[0] for p in parts])
-        values = np.concatenate([p[1] for p in parts])
-        lengths = [len(p[0]) for p in parts]
-        del parts
+        table = getattr(lists[0], "table", None)
+        if all(type(tl) is _TermList and tl.table is table for tl in lists) and id(table) in impacts:
+            # one field's terms (the usual query): one table lookup and one product for them all
+            postings = np.concatenate([[tl.slots] if type(tl.slots) is int else np.frombuffer(tl.slots, np.uint32)
+                                       for tl in lists])
+            keys = np.concatenate([[tl.keys] if type(tl.slots) is int else np.frombuffer(tl.keys, np.uint16)
+                                   for tl in lists])
+            lengths = [tl.size for tl in lists]
+            values = impacts[id(table)][keys] * np.repeat([tl.w for tl in lists], lengths)
+        else:
+            parts = [tl.arrays(impacts.get(id(getattr(tl, "table", None)))) for tl in lists]
+            postings = np.concatenate([p[0] for p in parts])
+            values = np.concatenate([p[1] for p in parts])
+            lengths = [len(p[0]) for p in parts]
+            del parts
         nslots = len(self._slot_doc)
         if nslots <= 8 * len(postings) + _DENSE_SLOTS:
             acc = np.bincount(postings, values, nslots)
@@ -1396,14 +1406,20 @@ class SearchIndex:
             scores = np.bincount(inverse, values)
         scorer = QueryScores(self, lists, {}, len(lists), (touched, scores, postings, values, lengths))
         if ok is None:  # no filter: the live docs, all at once
-            view = np.frombuffer(self._alive, np.uint8)  # dropped at once: add() must grow it
-            live = view[touched] != 0
-            del view
-            n_live = int(np.count_nonzero(live))
-            if n_live > limit:
-                theta = np.partition(scores[live], n_live - limit)[n_live - limit]
-                live &= scores >= theta * (1.0 - 1e-9) - 1e-12
-            top = np.flatnonzero(live)
+            if self._dead:
+                view = np.frombuffer(self._alive, np.uint8)  # dropped at once: add() must grow it
+                live = view[touched] != 0
+                del view
+                n_live = int(np.count_nonzero(live))
+                if n_live > limit:
+                    theta = np.partition(scores[live], n_live - limit)[n_live - limit]
+                    live &= scores >= theta * (1.0 - 1e-9) - 1e-12
+                top = np.flatnonzero(live)
+            elif len(scores) > limit:
+                theta = np.partition(scores, len(scores) - limit)[len(scores) - limit]
+                top = np.flatnonzero(scores >= theta * (1.0 - 1e-9) - 1e-12)
+            else:
+                return touched.tolist(), scores.tolist(), lists, scorer
             return touched[top].tolist(), scores[top].tolist(), lists, scorer
         t = len(touched)
         k = min(t, 2 * limit + 8)

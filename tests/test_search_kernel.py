@@ -106,3 +106,21 @@ def test_index_grows_while_a_scorer_is_held():
     ix.remove(5)
     assert scorer.totals(range(1, 300)).keys() <= own.keys()
     assert ix.search("alpha gamma3", 10)
+
+
+def test_kernel_without_tombstones_gives_the_same_pool(monkeypatch):
+    # an index with no deleted doc skips the liveness pass: the same hits all the same
+    rng = random.Random(4)
+    vocab = [f"v{i}" for i in range(120)]
+    weights = [1 / (i + 1) for i in range(120)]
+    ix = SearchIndex()
+    for d in range(1, 1500):
+        ix.add(d, " ".join(rng.choices(vocab, weights, k=rng.randint(2, 12))), None, ())
+    assert not ix._dead
+    for _ in range(30):
+        q = " ".join(rng.choices(vocab, weights, k=rng.randint(1, 5)))
+        for limit in (1, 10, 40, 5000):
+            a, b = both(monkeypatch, lambda: ix.search(q, limit))
+            assert a == b, (q, limit)
+            a, b = both(monkeypatch, lambda: ranked_search(ix, q, limit, neighbours=neighbours))
+            assert a == b, (q, limit)
