@@ -16,10 +16,13 @@ both; max(0.55, 0.3) gives 0.763 with every category at or above the core alone.
 Bounded work, never a scan of a session: the core gives a pool of the best candidates by their own
 score (POOL docs, filtered and unfiltered); only the messages within R places of those can be
 returned, and neighbours() is asked once per pool doc (a window of ±2R places, which holds the ±R of
-each of them).  The window docs' own scores come from the search's own accumulator
-(SearchIndex.search_own → QueryScores: a dict lookup, plus a merge with any list MaxScore left
-unscanned), and the context shares of all windows are computed together in a few C-level passes; the
-per-field breakdown is computed for the returned hits only (QueryScores.fields).  Filters
+each of them).  The window docs' own scores come from what the search already summed
+(SearchIndex.search_own → QueryScores.own: after the array kernel a binary search in its sorted
+slots; after MaxScore a dict lookup plus a merge with any list it left unscanned), and the context
+shares of all windows are computed together in a few numpy passes over one row of windows, the same
+additions in the same order as doc by doc; the filter and the tiebreak are asked best-first, about
+the docs that can still make the page; the per-field breakdown is computed for the returned hits
+only (QueryScores.fields).  Filters
 decide what is *returned*; a neighbour's text counts whatever its kind, tier or tags.  A message that
 matches nothing itself can be returned through its neighbours: its own share is 0, the context share
 says why it is there.
@@ -32,9 +35,11 @@ message that only shares some bigrams (ありがとう vs あります) or holds
 from __future__ import annotations
 
 from heapq import nlargest
-from itertools import compress, repeat
-from operator import add
+from itertools import repeat
+from operator import itemgetter
 from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
 
 from storaged.tokenize import normalize, query_runs
 
@@ -70,6 +75,75 @@ def _phrase_runs(query: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _windows(pool: list[int], neighbours: Neighbours, radius: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, keep): each pool doc's window of ±2·radius places (one neighbours() call each), side
+    by side in one row with `radius` gaps (-1) before each window and after the last, and keep[i]
+    true where row[i] is a doc within `radius` of its window's pool doc.  A window holds the
+    ±radius of each doc it keeps (it is cut short only by its session's ends), so no other doc
+    is looked up and no session is walked."""
+    wins = list(map(neighbours, pool, repeat(2 * radius)))
+    gap = (-1,) * radius
+    row: list[int] = []
+    for d, (before, after) in zip(pool, wins):
+        row += (*gap, *reversed(before), d, *after)
+    row += gap
+    c = np.fromiter(map(len, map(itemgetter(0), wins)), np.int64, len(wins))
+    a = np.fromiter(map(len, map(itemgetter(1), wins)), np.int64, len(wins))
+    lens = radius + c + 1 + a
+    centre = np.cumsum(lens) - a - 1  # the pool doc's place in row
+    docs = np.fromiter(row, np.int64, len(row))
+    n = len(row) - radius
+    keep = np.zeros(len(row), np.bool_)
+    keep[:n] = np.abs(np.arange(n) - np.repeat(centre, lens)) <= radius
+    keep &= docs >= 0  # not a gap next to a window cut short
+    return docs, keep
+
+
+def _best_in_context(docs: np.ndarray, vals: np.ndarray, keep: np.ndarray, weights, limit: int,
+                     accept, tiebreak, own_match: bool) -> list[tuple[float, int, float]]:
+    """The ``limit`` best (final score, doc, context share) among the docs of the row ``docs``
+    (own scores ``vals``) marked in ``keep`` (_windows), in order (final score, then tiebreak or
+    doc, descending).  Every share of every window in a few array passes: the same additions, in
+    the same order, as doc by doc in Python.  ``accept`` and ``tiebreak`` are asked best-first,
+    about the docs that can still make the page."""
+    r, n = len(weights), len(vals)  # kept places lie in [r, n - r): the row's first and last gaps
+    ctx = np.zeros(n)
+    for k, w in enumerate(weights, 1):
+        ctx[r:n - r] = ctx[r:n - r] + w * np.maximum(vals[r - k:n - r - k], vals[r + k:n - r + k])
+    at = np.flatnonzero(keep)
+    own, ctx = vals[at], ctx[at]
+    final = own + ctx
+    docs = docs[at]
+    worth = final > 0
+    if own_match:
+        worth &= own > 0
+    sel = np.flatnonzero(worth)
+    order = sel[np.lexsort((docs[sel], final[sel]))[::-1]]  # final, then doc, descending
+    out: list[tuple[float, int, float]] = []
+    seen = set()  # a doc in several windows gets the same numbers in each: take it once
+    cut = None
+    lo, step = 0, 2 * limit + 8
+    while lo < len(order):  # best-first, a band at a time (most pages fill from the first)
+        band = order[lo:lo + step]
+        lo, step = lo + step, 4 * step
+        for f, d, x in zip(final[band].tolist(), docs[band].tolist(), ctx[band].tolist()):
+            if cut is not None and f < cut:
+                lo = len(order)
+                break
+            if d in seen:
+                continue
+            seen.add(d)
+            if accept is None or accept(d):
+                out.append((f, d, x))
+                if len(out) == limit:
+                    if tiebreak is None:
+                        return out
+                    cut = f  # docs tied with the last one compete by tiebreak
+    if tiebreak is None:
+        return out
+    return nlargest(limit, out, key=lambda x: (x[0], tiebreak(x[1])))
+
+
 def ranked_search(
     index,
     query: str,
@@ -102,78 +176,40 @@ def ranked_search(
     if not total:
         return []
 
-    # Every doc within `radius` of the pool may be returned.  One call per pool doc fetches its
-    # window of ±2·radius places, which holds the ±radius of each of those docs (a window is cut
-    # short only by its session's ends), so nothing else is looked up and no session is walked.
-    # The windows lie side by side in one row, `radius` empty places between them, so the context
-    # share of every eligible doc comes from a few C-level passes over the row, not doc by doc.
-    row: list = []  # docs, None for the gaps
-    mid = bytearray()  # 1 where the doc is within `radius` of its window's pool doc
+    # Every doc within `radius` of the pool may be returned (_windows); their own scores come
+    # from the scorer in one call, and the context shares from a few array passes over the row.
     if radius:
-        gap = [None] * radius
-        r2 = 2 * radius
-        full = bytes(2 * radius) + b"\x01" * (r2 + 1) + bytes(radius)  # a window not cut short
-        for d in pool:
-            before, after = neighbours(d, r2)
-            c, a = len(before), len(after)
-            row += gap
-            row += reversed(before)
-            row.append(d)
-            row += after
-            if c == a == r2:
-                mid += full
-            else:
-                mid += bytes(max(0, c - radius) + radius)
-                mid += b"\x01" * (min(c, radius) + 1 + min(a, radius))
-                mid += bytes(max(0, a - radius))
-        row += gap
-        mid += bytes(radius)
-        need = set(row)
-        need.discard(None)
-        need.difference_update(pool)
-        if need:
-            total.update(scorer.totals(need))
+        docs, keep = _windows(pool, neighbours, radius)
+        vals = scorer.own(docs)  # the pool's own scores too: the same numbers as in `total`
 
     phrases = _phrase_runs(query) if text_of is not None and 0 in fields else []
     bonus_of: dict[int, float] = {}
     if phrases:
-        bonus = max(total.values()) / len(phrases)
-        for d, v in total.items():
-            if v > 0:
-                text = normalize(text_of(d))
-                n = sum(1 for p in phrases if p in text)
-                if n:
-                    bonus_of[d] = n * bonus
+        bonus = (float(vals.max()) if radius else max(total.values())) / len(phrases)
+        scored_docs = np.unique(docs[vals > 0]).tolist() if radius else [d for d, v in total.items() if v > 0]
+        for d in scored_docs:
+            text = normalize(text_of(d))
+            n = sum(1 for p in phrases if p in text)
+            if n:
+                bonus_of[d] = n * bonus
+        if bonus_of and radius:
+            vals = vals + np.fromiter(map(bonus_of.get, docs.tolist(), repeat(0.0)), np.float64, len(docs))
         for d, b in bonus_of.items():
-            total[d] += b
+            if d in total:
+                total[d] += b
 
-    get = total.get
-    scored = []  # (final score, doc, context share)
     if radius:
-        vals = list(map(get, row, repeat(0.0)))
-        n = len(row) - radius
-        keep = mid[radius:n]
-        own_v = list(compress(vals[radius:n], keep))
-        ctx = [0.0] * len(own_v)
-        for k, w in enumerate(weights, 1):  # (a comprehension beats map(max, ...) 2.5x)
-            before, after = compress(vals[radius - k:n - k], keep), compress(vals[radius + k:n + k], keep)
-            ctx = [c + w * (b if b > a else a) for c, b, a in zip(ctx, before, after)]
-        # doc → (final, context share, own); a doc in several windows gets the same numbers in each
-        cand = dict(zip(compress(row[radius:n], keep), zip(map(add, own_v, ctx), ctx, own_v)))
-        scored = [(f, d, x) for d, (f, x, v) in cand.items()
-                  if f > 0 and (v > 0 or not own_match) and (accept is None or accept(d))]
+        best = _best_in_context(docs, vals, keep, weights, limit, accept, tiebreak, own_match)
     else:
-        for d in pool:
-            v = get(d, 0.0)
-            if v > 0:
-                scored.append((v, d, 0.0))
-    if tiebreak is None:
-        best = nlargest(limit, scored)
-    else:
-        best = nlargest(limit, scored, key=lambda x: (x[0], tiebreak(x[1])))
+        get = total.get
+        scored = [(v, d, 0.0) for d in pool if (v := get(d, 0.0)) > 0]
+        if tiebreak is None:
+            best = nlargest(limit, scored)
+        else:
+            best = nlargest(limit, scored, key=lambda x: (x[0], tiebreak(x[1])))
 
     # the per-field breakdown, of the finalists only
-    own = scorer.fields([d for _, d, _ in best if d in total])
+    own = scorer.fields([d for _, d, _ in best])
     zero = (0.0, 0.0, 0.0)
     out = []
     for _, d, ctx in best:
