@@ -37,7 +37,8 @@ Each phase runs in a fresh process (one core; nothing runs in parallel):
         [--engines ours,numpy,tantivy,fts5] [--repeat 3] [--json out.json]
     /tmp/spikevenv2/bin/python -m bench.engine_spike recall
 
-numpy, tantivy (and PyStemmer for bench/stemmer_spike.py) are NOT project dependencies: install them
+tantivy (and PyStemmer for bench/stemmer_spike.py) are NOT project dependencies (numpy is, since the
+search kernel): install them
 into a private venv (python3 -m venv /tmp/spikevenv2 && /tmp/spikevenv2/bin/pip install -e . tantivy
 PyStemmer numpy) and run from the repository root.  RSS is VmRSS (anonymous + file-backed pages:
 mmapped index pages count once touched) read from /proc; the page cache is warm after build, so open
@@ -68,7 +69,7 @@ try:
     import numpy as np
     import tantivy
 except ImportError as exc:  # pragma: no cover - the message is the point
-    sys.exit(f"bench/engine_spike.py needs numpy and tantivy, which are not project dependencies ({exc}).\n"
+    sys.exit(f"bench/engine_spike.py needs tantivy (not a project dependency) and numpy ({exc}).\n"
              "Install them into a private venv: python3 -m venv /tmp/spikevenv2 && "
              "/tmp/spikevenv2/bin/pip install -e . tantivy PyStemmer numpy")
 

@@ -52,7 +52,7 @@ def _plan(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
         return [
             ("engine", py + ["-m", "bench.engine", "--writes", "50", "--sizes", "2000", "--rebuild-size", "3000"]),
             ("e2e", py + ["-m", "bench.e2e", "--writes", "20", "--messages", "1000", "--reads", "20"]),
-            ("search_speed", py + ["bench/search_speed.py", "--quick", "--no-snapshot"]),
+            ("search_speed", py + ["-m", "bench.search_speed", "--quick", "--no-snapshot"]),
             ("search_quality", py + ["-m", "bench.search_quality"]),
             ("crash", py + ["-m", "bench.crash_loop", "--kills", "5", "--writers", "2"]),
             ("history", py + ["-m", "bench.history_bench", "--quick"]),
@@ -64,7 +64,7 @@ def _plan(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
         ("engine", py + ["-m", "bench.engine", "--writes", str(a.writes), "--sizes", start_sizes,
                          "--rebuild-size", "100000"]),
         ("e2e", py + ["-m", "bench.e2e", "--writes", str(a.writes // 2), "--messages", "100000"]),
-        ("search_speed", py + ["bench/search_speed.py", "--sizes", search_sizes, "--no-snapshot"]),
+        ("search_speed", py + ["-m", "bench.search_speed", "--sizes", search_sizes, "--no-snapshot"]),
         ("search_quality", py + ["-m", "bench.search_quality"]),
         ("crash", py + ["-m", "bench.crash_loop", "--kills", str(a.kills)]),
         ("history", py + ["-m", "bench.history_bench", "--sizes", history_sizes]),

@@ -29,10 +29,9 @@ import time
 from importlib import import_module
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench import search_speed as bs
 
-from bench import search_speed as bs  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MODULES = ("tokenize", "search", "rank")
 

@@ -8,9 +8,9 @@ gets the same query words as our index (our stop words dropped, OR-ed), i.e. its
 Latencies are measured interleaved (ours, then FTS5, per query) after a warm-up pass so machine
 noise hits both alike.
 
-    python bench/search_speed.py                       # 10k and 100k
-    python bench/search_speed.py --sizes 10000,100000,1000000 --json out.json
-    python bench/search_speed.py --quick
+    python -m bench.search_speed                       # 10k and 100k
+    python -m bench.search_speed --sizes 10000,100000,1000000 --json out.json
+    python -m bench.search_speed --quick
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from storaged.rank import ranked_search  # noqa: E402
-from storaged.search import SearchIndex  # noqa: E402
-from storaged.tokenize import STOP_WORDS  # noqa: E402
+from storaged.rank import ranked_search
+from storaged.search import SearchIndex
+from storaged.tokenize import STOP_WORDS
 
 SESSION_LEN = 40  # synthetic sessions: runs of consecutive docs, for the context stage's neighbours
 
