@@ -16,6 +16,8 @@ PID_NAME = "storaged.pid"
 # with this prefix, and this exit status when another daemon already owns the data directory.
 DAEMON_FAIL_PREFIX = "convmem-storaged: "
 DAEMON_EXIT_LOCKED = 3
+# ... and when it cannot use its data directory or endpoint at all (a file, not private, cannot bind).
+DAEMON_EXIT_CANNOT_START = 2
 # The store's identity: a random id written once at the first start, reported by ping, so a front-end
 # can tell its own daemon from one serving another data directory on the same endpoint.
 STORE_ID_NAME = "store-id"

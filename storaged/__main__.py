@@ -1,9 +1,9 @@
 """``convmem-storaged``: run the storage daemon in the foreground, or repair a damaged log.
 
-Exit codes: 0 clean stop, 2 bad command line or configuration, 3 the data directory is owned by
-another live daemon (``protocol.config.DAEMON_EXIT_LOCKED``), 75 a batch's shared fdatasync failed
-(``server.EXIT_FSYNC_FAILED``: nothing of it was acknowledged; a restart replays what reached the
-disk), 1 anything else.
+Exit codes: 0 clean stop, 2 bad command line or configuration (``protocol.config.DAEMON_EXIT_CANNOT_START``),
+3 the data directory is owned by another live daemon (``DAEMON_EXIT_LOCKED``), 75 a batch's shared
+fdatasync failed (``server.EXIT_FSYNC_FAILED``: nothing of it was acknowledged; a restart replays what
+reached the disk), 1 anything else.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from urllib.parse import urlparse
 
 import zmq
 
-from protocol.config import (DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, DATA_DIR_HELP, curve_clients_dir, default_data_dir,
-                             default_endpoint)
+from protocol.config import (DAEMON_EXIT_CANNOT_START, DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, DATA_DIR_HELP,
+                             curve_clients_dir, default_data_dir, default_endpoint)
 
 from . import datadir, identity
 from .salvage import salvage
@@ -128,18 +128,18 @@ def main(argv: list[str] | None = None) -> int:
             LOG.warning("created a new, empty store in %s", data_dir)
         datadir.check_private(data_dir)
     except datadir.DataDirMissing as exc:
-        return fail(str(exc), 2)
+        return fail(str(exc), DAEMON_EXIT_CANNOT_START)
     except datadir.NotPrivate as exc:
-        return fail(f"refusing the data directory: {exc}", 2)
+        return fail(f"refusing the data directory: {exc}", DAEMON_EXIT_CANNOT_START)
     except OSError as exc:
-        return fail(f"cannot use the data directory {data_dir}: {exc.strerror}", 2)
+        return fail(f"cannot use the data directory {data_dir}: {exc.strerror}", DAEMON_EXIT_CANNOT_START)
     lock = datadir.DataDirLock(data_dir)
     try:
         lock.acquire()
     except datadir.AlreadyRunning as exc:
         return fail(str(exc), DAEMON_EXIT_LOCKED)
     except OSError as exc:
-        return fail(f"cannot use the data directory {data_dir}: {exc.strerror}", 2)
+        return fail(f"cannot use the data directory {data_dir}: {exc.strerror}", DAEMON_EXIT_CANNOT_START)
     try:
         if args.salvage:
             return run_salvage(data_dir)
@@ -177,21 +177,21 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
     if not error and curve_key is not None:
         error, clients_dir = check_curve_clients(data_dir, args)
     if error:
-        return fail(error, 2)
+        return fail(error, DAEMON_EXIT_CANNOT_START)
     datadir.prepare_run_dir(data_dir)
     try:
         store_id = identity.load_or_create_store_id(data_dir)
     except OSError as exc:
-        return fail(f"cannot write the store id in {data_dir}: {exc.strerror}", 2)
+        return fail(f"cannot write the store id in {data_dir}: {exc.strerror}", DAEMON_EXIT_CANNOT_START)
     claim = identity.EndpointClaim(endpoint)
     try:
         claim.claim()  # a live daemon of another data dir keeps its endpoint
     except identity.EndpointInUse as exc:
         claim.release()
-        return fail(str(exc), 2)
+        return fail(str(exc), DAEMON_EXIT_CANNOT_START)
     except OSError as exc:
         claim.release()
-        return fail(f"cannot use the endpoint {endpoint}: {exc.strerror}", 2)
+        return fail(f"cannot use the endpoint {endpoint}: {exc.strerror}", DAEMON_EXIT_CANNOT_START)
     server = Server(None, endpoint, curve_key, clients_dir)
     server.identity = identity.identity(data_dir, store_id)
     if args.snapshot_every is not None:
@@ -201,7 +201,7 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
     except zmq.ZMQError as exc:
         server.close()
         claim.release()
-        return fail(f"cannot bind {endpoint}: {exc}", 2)
+        return fail(f"cannot bind {endpoint}: {exc}", DAEMON_EXIT_CANNOT_START)
     claim.bound()
     install_signal_handlers(server)
     datadir.write_pid(data_dir)

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from protocol.config import pid_path
+from protocol.config import read_pid
 from tests.support import ROOT
 from tests.support.daemon_proc import Daemon
 
@@ -89,7 +89,7 @@ def daemon_pids(data_dir: Path | str) -> list[int]:
 
 def pid_file(data_dir: Path | str) -> int | None:
     try:
-        return int(Path(pid_path(str(data_dir))).read_text().strip())
+        return read_pid(str(data_dir))
     except (OSError, ValueError):
         return None
 
