@@ -48,6 +48,10 @@ def turns() -> list[str]:
                 for t in value:
                     out.append(f"{t['speaker']}: {t['text']}")
     if not out:
+        # Say so: made-up words are far cheaper to index than real text, so a run on them is not
+        # comparable with one on LoCoMo (e.g. a checkout in another directory, with no ../shared).
+        print(f"[bench] {LOCOMO} not found: the corpus is made-up words, not comparable with a LoCoMo run "
+              "(set CONVMEM_LOCOMO)", file=sys.stderr)
         rng = random.Random(7)
         words = ("memory durable search session message daemon index snapshot recovery log write read "
                  "project decision database migration plan review deploy test").split()
