@@ -18,6 +18,7 @@ from . import log as logfile
 from . import snapshot
 from .search import SearchIndex
 from .store import COMPACT_SUFFIX, Store
+from .text import locate
 
 WRITE_BATCH = 1 << 20
 
@@ -30,6 +31,7 @@ class Prepared:
     checkpoint_bytes: int
     live_bytes: int
     rec_sizes: list[int]
+    text_locs: list[int]                # where each message's text lies in the new log
     meta_sizes: dict[str, int]          # session id -> bytes of its one merged "s" record
     checkpoint_sizes: dict[tuple[str, str], int]
     search: SearchIndex
@@ -53,6 +55,8 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     rids = store.rid_entries()
     checkpoint = logfile.encode_record(salt, ["c", store.last_seq, store.clock.last_id, store.clock.last_ms, rids])
     rec_sizes: list[int] = []
+    text_locs: list[int] = []
+    index = SearchIndex()
     # session metadata of the sessions that still have messages, one merged record each; every
     # ingest checkpoint (they describe files, not messages, and must survive the rebuild)
     metas = {sid: dict(fields) for sid, fields in store.session_meta.items() if sid in store.sessions}
@@ -79,10 +83,16 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
             rec = logfile.encode_record(salt, ["s", None, sid, fields])
             meta_sizes[sid] = len(rec)
             emit(rec)
-        for m in msgs:
-            rec = logfile.encode_record(salt, ["w", None, m.fields()])
+        for i, m in enumerate(msgs):
+            content = m.content  # read from the old log
+            record = ["w", None, m.fields(content)]
+            rec = logfile.encode_record(salt, record)
+            text_locs.append(locate(size + batch_len, record, content))
             rec_sizes.append(len(rec))
             emit(rec)
+            index.add(m.seq, content, m.summary, m.tags)
+            if i % 2048 == 2047:
+                pause()
         for (src, key), value in list(store.ingest.checkpoints.items()):
             rec = logfile.encode_record(salt, ["k", None, src, key, value])
             checkpoint_sizes[(src, key)] = len(rec)
@@ -93,11 +103,6 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
         io.sync(fd)
     finally:
         io.close(fd)
-    index = SearchIndex()
-    for i, m in enumerate(msgs):
-        index.add(m.seq, m.content, m.summary, m.tags)
-        if i % 2048 == 2047:
-            pause()
     meta = store.snapshot_meta(salt, size)
     meta["update_records"] = 0
     meta["deleted_messages"] = 0
@@ -107,9 +112,10 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta["session_meta"] = [[sid, fields, meta_sizes[sid]] for sid, fields in metas.items()]
     meta["checkpoints"] = [[src, key, store.ingest.checkpoints[(src, key)], n]
                            for (src, key), n in checkpoint_sizes.items()]
-    snap_fields = ([*m.fields(), rs] for m, rs in zip(msgs, rec_sizes))
+    snap_fields = (m.row(loc, rs) for m, loc, rs in zip(msgs, text_locs, rec_sizes))
     snapshot.write_file(io, store.snapshot_path + snapshot.TMP_SUFFIX, meta, snap_fields, index.dump())
-    return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, meta_sizes, checkpoint_sizes,
+    return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, text_locs, meta_sizes,
+                    checkpoint_sizes,
                     index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0,
                     rids)
 
@@ -125,16 +131,25 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
     io = store.io
     tmp_snapshot = store.snapshot_path + snapshot.TMP_SUFFIX
     try:
+        # opened before the rename, so that the store never holds locations without their file
+        text_fd = io.open_read(store.log_path + COMPACT_SUFFIX)
+    except OSError:
+        discard(store)
+        raise
+    try:
         io.replace(store.log_path + COMPACT_SUFFIX, store.log_path)
     except OSError:
+        io.close(text_fd)
         discard(store)
         raise
     if store.writer is not None:
         store.writer.close()
         store.writer = None
     store.salt = p.salt
-    for m, size in zip(store.by_seq.values(), p.rec_sizes):
+    store.log_text.switch(text_fd)
+    for m, size, loc in zip(store.by_seq.values(), p.rec_sizes, p.text_locs):
         m.rec_size = size
+        m.stored_at(store.log_text, loc)
     store.live_bytes = p.live_bytes
     store.checkpoint_bytes = p.checkpoint_bytes
     store.session_meta = {sid: store.session_meta[sid] for sid in p.meta_sizes}

@@ -62,6 +62,13 @@ class FileIO:
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
+    def open_read(self, path: str) -> int:
+        """A descriptor to ``pread`` from (message text is read back from the log by offset)."""
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        return os.pread(fd, n, offset)
+
     # -- writing --
     def open_append(self, path: str, create: bool = True) -> int:
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | (os.O_CREAT if create else 0)

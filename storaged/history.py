@@ -465,7 +465,7 @@ class HistoryViews:
                 "tool_call_id": m.tool_call_id,
                 "message_id": m.message_id,
                 "role": m.role,
-                "content_bytes": len(m.content.encode("utf-8")),
+                "content_bytes": m.utf8_length(),
             },
             "content": self._content(m),
             "session": {"id": sid_handle, "title": self.title(s.sid),
@@ -487,23 +487,24 @@ class HistoryViews:
 
     @staticmethod
     def _content(m: Message) -> dict[str, Any]:
+        content = m.content  # one read of the log
         if m.etype == H.TOOL_CALL:
             try:
-                arguments = json.loads(m.content)
+                arguments = json.loads(content)
             except ValueError:
                 arguments = None
             name = m.tool or "tool"
-            text = f"{name}({m.content})" if arguments is not None else f"{name}: {m.content}"
+            text = f"{name}({content})" if arguments is not None else f"{name}: {content}"
             return {"format": "tool_call", "tool_name": m.tool, "arguments": arguments, "text": text,
                     "truncated": False}
         if m.etype == H.TOOL_RESPONSE:
             is_error, exit_code = (m.ext[0], m.ext[1]) if m.ext is not None else (None, None)
             return {"format": "tool_response", "tool_name": m.tool, "is_error": is_error, "exit_code": exit_code,
-                    "text": m.content, "truncated": False}
+                    "text": content, "truncated": False}
         if m.etype == H.REASONING:
-            return {"format": "reasoning", "encrypted": m.content == H.ENCRYPTED_REASONING, "text": m.content,
+            return {"format": "reasoning", "encrypted": content == H.ENCRYPTED_REASONING, "text": content,
                     "truncated": False}
-        return {"format": "text", "text": m.content, "truncated": False}
+        return {"format": "text", "text": content, "truncated": False}
 
     def _event_summary(self, s, idx: int, start: int, terminal: int | None) -> dict[str, Any]:
         m = self.store.by_seq[s.seqs[idx]]

@@ -103,8 +103,9 @@ def next_valid(buf, salt: bytes, start: int, end: int) -> int | None:
     return None
 
 
-def scan(buf, salt: bytes, start: int, result: ScanResult, resync: bool = False) -> Iterator[tuple[int, Any]]:
-    """Yield (framed size, decoded record) from ``start``. Fills ``result`` as it goes.
+def scan(buf, salt: bytes, start: int, result: ScanResult,
+         resync: bool = False) -> Iterator[tuple[int, int, Any]]:
+    """Yield (offset, framed size, decoded record) from ``start``. Fills ``result`` as it goes.
 
     Without ``resync`` the scan stops at the first bad record: if nothing valid follows it, it is a
     torn tail; if a valid record follows, the log is damaged in the middle and nothing after the
@@ -135,7 +136,7 @@ def scan(buf, salt: bytes, start: int, result: ScanResult, resync: bool = False)
             pos = resume
             continue
         size = FRAME_SIZE + len(payload)
-        yield size, record
+        yield pos, size, record
         pos += size
         result.records += 1
         result.end = pos

@@ -1,9 +1,11 @@
-"""The in-memory message: one slotted object per message, no per-message dicts.
+"""The in-memory message: one slotted object per message, no per-message dicts, no text.
 
-A message is stored as flat fields (tuples for lists) so that a million of them cost little more
-than their text. ``to_dict`` builds the contract's Message object only when a reply needs it;
-``fields`` / ``from_fields`` are its record form (``RECORD_FIELDS`` values), what a log record and
-a snapshot row hold.
+A message is stored as flat fields (tuples for lists); its text stays in the log and ``content``
+reads it back by offset (``storaged/text.py``), so a million messages cost their metadata, not
+their text. ``to_dict`` builds the contract's Message object only when a reply needs it;
+``fields`` / ``from_fields`` are its record form (``RECORD_FIELDS`` values), what a log record
+holds; ``row`` / ``from_row`` its snapshot form, the same fields with the text's location in
+place of the text.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 from protocol.history import FILE_FIELDS, ROLE_EVENT_TYPE
 from protocol.requests import Event, Metadata
 
+from .text import LogText, span, utf8_length
+
 
 class Message:
     """One stored message, which is also one event of the history interface: ``etype`` says which
@@ -23,9 +27,9 @@ class Message:
     ``files`` is a tuple of ``(path, root, tail, project, op)``: what a tool call read or changed."""
 
     __slots__ = (
-        "message_id", "session_id", "seq", "timestamp", "role", "content", "revision", "updated_at",
+        "message_id", "session_id", "seq", "timestamp", "role", "text", "revision", "updated_at",
         "tool_call_id", "tags", "tier", "kind", "importance", "summary", "relations", "source_ids",
-        "etype", "tool", "ext", "rec_size",
+        "etype", "tool", "ext", "rec_size", "src",
     )
 
     def __init__(self, message_id: str, session_id: str, seq: int, timestamp: int, role: str, content: str,
@@ -38,7 +42,9 @@ class Message:
         self.seq = seq
         self.timestamp = timestamp
         self.role = role
-        self.content = content
+        # the text itself (a message not yet stored), or its location in the log that ``src`` reads
+        self.text: str | int = content
+        self.src: LogText | None = None
         self.revision = revision
         self.updated_at = updated_at
         self.tool_call_id = tool_call_id
@@ -54,14 +60,48 @@ class Message:
         self.ext = ext
         self.rec_size = rec_size  # bytes of the log record holding this message's current state
 
-    # -- the record form: a flat list of RECORD_FIELDS values (a log record's fields, a snapshot row) --
-    def fields(self) -> list[Any]:
+    @property
+    def content(self) -> str:
+        text = self.text
+        return text if text.__class__ is str else self.src.read(text)
+
+    def utf8(self) -> bytes:
+        """The text's UTF-8 bytes (read as they are stored, without a decode and encode)."""
+        text = self.text
+        return text.encode("utf-8") if text.__class__ is str else self.src.read_utf8(text)
+
+    def utf8_length(self) -> int:
+        """Bytes of the text's UTF-8, known without reading it."""
+        text = self.text
+        return utf8_length(text) if text.__class__ is str else span(text)[1]
+
+    def stored_at(self, src: LogText, loc: int) -> None:
+        """The text is in the log at ``loc`` from now on: drop it from memory."""
+        self.text = loc
+        self.src = src
+
+    # -- the record form: a flat list of RECORD_FIELDS values (a log record's fields) --
+    def fields(self, text: str | int | None = None) -> list[Any]:
+        """``text``: what field 5 holds — the text (read from the log when not given), or a location."""
         return [
-            self.message_id, self.session_id, self.seq, self.timestamp, self.role, self.content,
+            self.message_id, self.session_id, self.seq, self.timestamp, self.role,
+            self.content if text is None else text,
             self.revision, self.updated_at, self.tool_call_id, list(self.tags), self.tier, self.kind,
             self.importance, self.summary, [list(r) for r in self.relations], list(self.source_ids),
             self.etype, self.tool, _ext_fields(self.ext),
         ]
+
+    def row(self, loc: int | None = None, rec_size: int | None = None) -> list[Any]:
+        """The snapshot form: the record form with the text's location in place of the text, then
+        the record's size (a compaction gives the new log's; by default the current ones)."""
+        return [*self.fields(self.text if loc is None else loc), self.rec_size if rec_size is None else rec_size]
+
+    @classmethod
+    def from_row(cls, row: list[Any], src: LogText) -> "Message":
+        """From a snapshot row (``row``): the text stays where the row says it is."""
+        msg = cls.from_fields(row, row[RECORD_FIELDS])
+        msg.src = src
+        return msg
 
     @classmethod
     def from_fields(cls, f: list[Any], rec_size: int = 0) -> "Message":
@@ -98,13 +138,14 @@ class Message:
         md["source_message_ids"] = list(self.source_ids)
         return md
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, content: str | None = None) -> dict[str, Any]:
+        """The contract's Message; ``content``: the text, when the caller holds it already."""
         return {
             "message_id": self.message_id,
             "session_id": self.session_id,
             "timestamp": self.timestamp,
             "role": self.role,
-            "content": self.content,
+            "content": self.content if content is None else content,
             "revision": self.revision,
             "updated_at": self.updated_at,
             "metadata": self.metadata(),
@@ -116,7 +157,8 @@ class Message:
                         self.relations, self.source_ids)
 
     def body_bytes(self) -> int:
-        return str_bytes(self.content)
+        """Memory of the text: none once it is stored (it is read from the log)."""
+        return str_bytes(self.text) if self.text.__class__ is str else 0
 
     def metadata_bytes(self) -> int:
         n = sys.getsizeof(self.tags) + sum(str_bytes(t) for t in self.tags)

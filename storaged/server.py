@@ -364,6 +364,9 @@ class Server:
         except ProtocolError as exc:
             reply = exc.reply()
             return H.from_memory_error(reply) if op in H.HISTORY_TOOLS else reply
+        except OSError as exc:  # message text is read from the log: a failing disk fails the read, not the daemon
+            LOG.error("I/O error while handling a request: %s", exc)
+            reply = error_reply(E.IO_ERROR, f"the store could not read the log ({exc.strerror or exc})")
         except MemoryError:
             LOG.error("out of memory while handling a request")
             reply = error_reply(E.INTERNAL_ERROR, "the daemon ran out of memory for this request")

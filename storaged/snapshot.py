@@ -20,10 +20,12 @@ from .fileio import FileIO
 
 MAGIC = b"CVMEMSNP"
 END_MAGIC = b"CVMEMEND"
-# 3: message rows carry the event fields, meta carries session metadata and ingest checkpoints.
-# 2 (release 0.1) is still read: its rows are the first 16 fields and rec_size.
-VERSION = 3
-READABLE_VERSIONS = (2, 3)
+# 4: a message row holds its text's location in the log (storaged/text.py) in place of the text.
+# 3 (rows with the text, event fields, session metadata, checkpoints) and 2 (release 0.1: rows of 16
+# fields) cannot be used: they do not say where each text lies in the log. A store that has one
+# replays its log once and writes a version 4 (Store._migrate_snapshot): that is the migration.
+VERSION = 4
+OUTDATED_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
 CHUNK = 4096
@@ -32,6 +34,10 @@ TMP_SUFFIX = ".tmp"
 
 class SnapshotInvalid(Exception):
     pass
+
+
+class SnapshotOutdated(SnapshotInvalid):
+    """A sound snapshot of an earlier format: replay the log instead, then write the current one."""
 
 
 def write(io: FileIO, path: str, meta: dict[str, Any], messages: Iterable[list[Any]], search_dump: Any) -> int:
@@ -87,8 +93,12 @@ def read(io: FileIO, path: str) -> tuple[dict[str, Any], list[list[Any]], Any]:
             raise SnapshotInvalid("snapshot is too short")
         magic, version, _ = HEAD.unpack_from(buf, 0)
         length, crc, end_magic = TRAILER.unpack_from(buf, len(buf) - TRAILER.size)
-        if magic != MAGIC or end_magic != END_MAGIC or version not in READABLE_VERSIONS:
-            raise SnapshotInvalid("snapshot has a bad magic number or version")
+        if magic != MAGIC or end_magic != END_MAGIC:
+            raise SnapshotInvalid("snapshot has a bad magic number")
+        if version in OUTDATED_VERSIONS:
+            raise SnapshotOutdated(f"snapshot format {version} predates text read from the log")
+        if version != VERSION:
+            raise SnapshotInvalid(f"snapshot format {version} is not known")
         if HEAD.size + length + TRAILER.size != len(buf):
             raise SnapshotInvalid("snapshot length does not match its trailer")
         body = memoryview(buf)[HEAD.size: HEAD.size + length]
@@ -97,7 +107,6 @@ def read(io: FileIO, path: str) -> tuple[dict[str, Any], list[list[Any]], Any]:
         unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=len(body) + 1)
         unpacker.feed(body)
         meta = unpacker.unpack()
-        meta["snapshot_version"] = version
         messages: list[list[Any]] = []
         for _ in range(meta["chunks"]):
             messages.extend(unpacker.unpack())

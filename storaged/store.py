@@ -2,13 +2,15 @@
 
 A state change is first appended to the log, then applied in memory; no reply tells of it before
 it is on disk (each append is fsync'ed, or a group-committed batch shares one fdatasync before its
-replies leave, ``storaged/server.py``). Two code paths apply records today, kept in step by hand:
-replay at start applies each record read from the log through ``_apply_record``, while a live
-mutation (``write_message``, ``update_message``, ``delete_message``, ``import_messages``) applies
-its own change directly. Both call the same helpers (``_insert``, ``_replace``, ``_remove``,
-``_apply_session_meta``, ``IngestState.apply``, ``_after_record``) and bump the same counters, so
-what a reply said and what a restart finds agree; a snapshot's messages load through
-``_bulk_load``. (One apply path for both is the scale work's, not yet done.)
+replies leave, ``storaged/server.py``). One path applies records: replay at start applies each
+record read from the log through ``_apply``, and a live mutation (``write_message``,
+``update_message``, ``delete_message``, ``import_messages``) builds its records, appends them
+(``_commit``) and applies them through the same ``_apply`` — so what a reply said and what a
+restart finds agree by construction. A snapshot's messages load through ``_bulk_load``; a
+compaction swaps in a whole new state (``storaged/compaction.py``).
+
+Message text is not kept in memory: ``_apply`` records where each text lies in the log
+(``storaged/text.py``) and reads go back to the log for it.
 
 Besides messages (record kinds w/u/d) the log holds the history interface's session metadata
 ("s": merged into what the session had), transcript ingesters' read positions ("k"), each written
@@ -35,9 +37,10 @@ from .handles import session_digest
 from .idgen import IdClock, ulid_ms
 from .indexes import IndexSizes, RelationIndex, Session, TouchIndex
 from .ingeststate import IngestState
-from .model import RECORD_FIELDS, RECORD_FIELDS_0_1, Message, message_from_args
+from .model import Message, message_from_args
 from .search import SearchIndex
 from .sessionorder import SessionOrder
+from .text import LogText, locate
 
 LOG = logging.getLogger("convmem.storaged")
 
@@ -85,6 +88,7 @@ class Store:
         self.relations = RelationIndex()
         self.touches = TouchIndex()
         self.search = SearchIndex()
+        self.log_text = LogText(self.io)   # message text is read back from the log by offset
         self.clock = IdClock()
         # request id -> (op, message id, revision, ms the daemon saw it), oldest first
         self.rids: OrderedDict[str, tuple[str, str, int, int]] = OrderedDict()
@@ -116,6 +120,7 @@ class Store:
         self.scan_result = logfile.ScanResult()
         self.salvaging = False
         self.snapshot_records = 0         # record_count when the snapshot on disk was taken
+        self.snapshot_outdated = False    # the snapshot on disk is of an earlier format (see _migrate)
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
         self.group_commit = False
@@ -146,9 +151,11 @@ class Store:
             return
         if not io.exists(self.log_path):
             self.writer = logfile.LogWriter.create(io, self.log_path)
+            self.log_text.open(self.log_path)
             self.salt = self.writer.salt
             self.record_count = 0
             return
+        self.log_text.open(self.log_path)
         buf = io.read_all(self.log_path)
         try:
             self._replay(buf, salvage)
@@ -177,8 +184,8 @@ class Store:
         if self.io.exists(self.snapshot_path):
             start = self._load_snapshot(salt, len(buf))
         result = self.scan_result = logfile.ScanResult()
-        for size, record in logfile.scan(buf, salt, start, result, resync=salvage):
-            self._apply_record(record, size)
+        for pos, size, record in logfile.scan(buf, salt, start, result, resync=salvage):
+            self._apply(record, pos, size)
         end = result.end
         if result.damage is not None and not salvage:
             a, b = result.damage
@@ -212,6 +219,21 @@ class Store:
             self.broken = self.last_error = (f"the log could not be flushed at start ({exc.strerror or exc}); "
                                              f"writes are refused until a restart succeeds")
             LOG.error("%s", self.last_error)
+            return
+        if self.snapshot_outdated:
+            self._migrate_snapshot()
+
+    def _migrate_snapshot(self) -> None:
+        """Replace a snapshot of an earlier format by one of the current format, once, at the first
+        start of a new release: the log, the source of truth, needs no change (its format is the same),
+        and without this every start would replay the whole log until the next clean stop."""
+        try:
+            self.write_snapshot()
+        except OSError as exc:  # the old snapshot stays; it is ignored again at the next start
+            LOG.warning("the snapshot could not be rewritten in the current format (%s)", exc.strerror or exc)
+            return
+        self.snapshot_outdated = False
+        LOG.info("the snapshot was rewritten in format %d", snapshot.VERSION)
 
     def _load_snapshot(self, salt: bytes, log_size: int) -> int:
         try:
@@ -219,6 +241,11 @@ class Store:
             if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
             self.search = SearchIndex.load(search_dump)
+        except snapshot.SnapshotOutdated as exc:
+            LOG.warning("the snapshot is of an earlier format (%s): replaying the whole log once; a snapshot "
+                        "of the current format is written right after", exc)
+            self.snapshot_outdated = True
+            return logfile.HEADER_SIZE
         except (snapshot.SnapshotInvalid, ValueError, KeyError, TypeError) as exc:
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
             self.snapshot_valid = False
@@ -236,13 +263,12 @@ class Store:
         self.record_count = meta["record_count"]
         self.checkpoint_bytes = meta["checkpoint_bytes"]
         self._load_rids(meta["rids"])
-        rec_size_at = RECORD_FIELDS if meta["snapshot_version"] >= 3 else RECORD_FIELDS_0_1
         for sid, fields, size in meta.get("session_meta", ()):
             self.session_meta[sid] = fields
             self.meta_rec_sizes[sid] = size
             self.meta_bytes += size
         self.ingest.load(meta.get("checkpoints", ()))
-        self._bulk_load(messages, rec_size_at)
+        self._bulk_load(messages)
         if clock_poisoned:
             # the snapshot's clock lies beyond the bound (written before the bound existed): recover
             # the newest plausible id and time from the messages themselves
@@ -259,34 +285,44 @@ class Store:
         self.last_error = message
 
     # ------------------------------------------------------------------ applying records
-    def _apply_record(self, rec: list[Any], size: int) -> None:
-        """Replay one record. Records that contradict the state are skipped (only salvage meets them)."""
+    def _apply(self, rec: list[Any], pos: int, size: int, msg: Message | None = None) -> None:
+        """Apply one record framed at ``pos`` (``size`` bytes) in the log: the one path by which both
+        replay and every live mutation change the state, so what a reply said and what a restart finds
+        agree by construction. ``msg``: the message of a ``w``/``u`` record when the caller (a live
+        mutation) has it built already — the same object ``Message.from_fields`` would make of the
+        record. Records that contradict the state are skipped (only replay of a salvaged log meets
+        them; a live mutation checks first)."""
         kind = rec[0]
-        if kind in "wud":
-            self.record_count += 1  # message records only: what records_removed is counted against
         if kind == "w":
-            msg = Message.from_fields(rec[2], size)
-            if msg.message_id in self.by_id:
+            self.record_count += 1  # message records only: what records_removed is counted against
+            fields = rec[2]
+            if fields[0] in self.by_id:
                 return
-            self._insert(msg)
+            msg = msg or Message.from_fields(fields)
+            self._store_text(msg, rec, pos, size)
+            self._insert(msg, fields[5])
             self._after_record(rec[1], "w", msg.message_id, msg.revision, msg.seq, msg.timestamp)
             self.clock.observe_id(msg.message_id)
             self.clock.observe_ms(msg.updated_at)
         elif kind == "u":
-            old = self.by_id.get(rec[3][0])
-            msg = Message.from_fields(rec[3], size)
+            self.record_count += 1
+            fields = rec[3]
+            old = self.by_id.get(fields[0])
+            if old is None and not self.salvaging:
+                return
+            msg = msg or Message.from_fields(fields)
+            self._store_text(msg, rec, pos, size)
             if old is None:
-                if not self.salvaging:
-                    return
                 # an update carries the message's whole state: salvage can restore a message whose
                 # original write record was lost to damage
-                self._insert(msg)
+                self._insert(msg, fields[5])
             else:
-                self._replace(old, msg)
+                self._replace(old, msg, fields[5])
             self.update_records += 1
             self._after_record(rec[1], "u", msg.message_id, msg.revision, rec[2], msg.updated_at)
             self.clock.observe_ms(msg.updated_at)
         elif kind == "d":
+            self.record_count += 1
             old = self.by_id.get(rec[3])
             if old is None:
                 return
@@ -307,6 +343,11 @@ class Store:
             self._apply_session_meta(rec[2], rec[3], size)
         elif kind == "k":
             self.ingest.apply(rec[2], rec[3], rec[4], size)
+
+    def _store_text(self, msg: Message, rec: list[Any], pos: int, size: int) -> None:
+        """The message's text stays in the log, in the record at ``pos``; memory keeps its location."""
+        msg.rec_size = size
+        msg.stored_at(self.log_text, locate(pos, rec, rec[-1][5]))
 
     def _apply_session_meta(self, sid: str, fields: dict[str, Any], size: int) -> None:
         """Merge a session's metadata (absent fields keep their values)."""
@@ -347,7 +388,8 @@ class Store:
         cutoff = self.clock.wall_ms() - L.REQUEST_ID_RETENTION_S * 1000
         return [[rid, op, mid, rev, seen] for rid, (op, mid, rev, seen) in self.rids.items() if seen >= cutoff]
 
-    def _insert(self, msg: Message, index_search: bool = True, track_order: bool = True) -> None:
+    def _insert(self, msg: Message, text: str, track_order: bool = True) -> None:
+        """Add a message to every index; ``text`` is its content (the search index's input)."""
         self.by_id[msg.message_id] = msg
         self.by_seq[msg.seq] = msg
         session = self.sessions.get(msg.session_id)
@@ -365,21 +407,20 @@ class Store:
         self.relations.add(msg)
         if msg.ext is not None:
             self.touches.add(msg)
-        if index_search:
-            self.search.add(msg.seq, msg.content, msg.summary, msg.tags)
+        self.search.add(msg.seq, text, msg.summary, msg.tags)
         self.live_bytes += msg.rec_size
         self.body_bytes += msg.body_bytes()
         self.metadata_bytes += msg.metadata_bytes()
         self.entry_bytes += msg.entry_bytes()
 
-    def _bulk_load(self, messages: list[list[Any]], rec_size_at: int) -> None:
+    def _bulk_load(self, rows: list[list[Any]]) -> None:
         """_insert for a snapshot's messages (in creation order, search index already loaded):
         the same structures, minus the per-message work a snapshot makes unnecessary."""
         by_id, by_seq, sessions, relations = self.by_id, self.by_seq, self.sessions, self.relations
-        from_fields = Message.from_fields
+        from_row, src = Message.from_row, self.log_text
         live = 0
-        for fields in messages:
-            msg = from_fields(fields, fields[rec_size_at])
+        for row in rows:
+            msg = from_row(row, src)
             by_id[msg.message_id] = msg
             by_seq[msg.seq] = msg
             session = sessions.get(msg.session_id)
@@ -422,14 +463,14 @@ class Store:
         self.metadata_bytes -= msg.metadata_bytes()
         self.entry_bytes -= msg.entry_bytes()
 
-    def _replace(self, old: Message, new: Message) -> None:
+    def _replace(self, old: Message, new: Message, text: str) -> None:
         # by_seq keeps its slot so that iterating it stays in creation order (the rebuild relies on it).
         # A new revision keeps its timestamp: the session's place in the sessions view moves only if
         # the message's session emptied and came back (then it is a new entry, not a move).
         session = self.sessions[old.session_id]
         started = session.min_ts
         self._remove(old, keep_slot=True, track_order=False)
-        self._insert(new, track_order=False)
+        self._insert(new, text, track_order=False)
         if self.sessions[new.session_id].min_ts != started:
             self.session_order.invalidate()
 
@@ -453,12 +494,10 @@ class Store:
             raise ProtocolError(E.BUSY, "rebuild_index is running; retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
 
-    def _append(self, record: list[Any]) -> int:
-        """Append durably; returns the framed size. A failure changes nothing and raises IO_ERROR."""
-        return self._append_many([record])[0]
-
-    def _append_many(self, records: list[list[Any]]) -> list[int]:
-        """Append records in one write and one fsync (a batch); returns their framed sizes.
+    def _commit(self, records: list[list[Any]], messages: list[Message | None] | None = None) -> None:
+        """Append records durably in one write and one fsync (a batch), then apply each through
+        ``_apply``, the path replay takes. ``messages``: the message of each ``w``/``u`` record, built
+        already by the mutation (None for the others). Nothing is applied unless all were appended.
 
         A failure the writer fully undid (nothing stored) sets ``last_error`` (health DEGRADED) only
         until the next append succeeds: a transient ENOSPC or EIO must not leave the health wrong for
@@ -466,7 +505,7 @@ class Store:
         framed = [logfile.encode_record(self.salt, r) for r in records]
         data = framed[0] if len(framed) == 1 else b"".join(framed)
         try:
-            self.writer.append(data, sync=not self.group_commit)
+            pos = self.writer.append(data, sync=not self.group_commit)
             if self.group_commit:
                 self.unsynced = True
         except logfile.LogWriterBroken as exc:
@@ -484,8 +523,9 @@ class Store:
                 LOG.info("the log accepts appends again; clearing the error of the earlier failed append")
                 self.last_error = ""
             self.transient_error = None
-        self.record_count += len(framed)
-        return [len(f) for f in framed]
+        for i, (record, f) in enumerate(zip(records, framed)):
+            self._apply(record, pos, len(f), messages[i] if messages else None)
+            pos += len(f)
 
     def _repeat(self, rid: str | None, op: str) -> dict[str, Any] | None:
         """The first result of a request id seen before, or None if it is new."""
@@ -514,10 +554,8 @@ class Store:
         message_id, ts = self.clock.new_id()
         seq = self.last_seq + 1
         msg = message_from_args(message_id, req.session_id, seq, ts, req.role, req.content, req.metadata)
-        msg.rec_size = self._append(["w", rid, msg.fields()])
-        self._insert(msg)
-        self._after_record(rid, "w", message_id, 1, seq, ts)
-        return {"status": "OK", "message": msg.to_dict()}
+        self._commit([["w", rid, msg.fields(req.content)]], [msg])
+        return {"status": "OK", "message": msg.to_dict(req.content)}
 
     def update_message(self, req: R.UpdateMessage, rid: str | None = None) -> dict[str, Any]:
         self._check_writable()
@@ -529,19 +567,17 @@ class Store:
         md = old.metadata_values()
         if req.metadata is not None:
             md = req.metadata.apply(md)
-        content = req.content if req.content is not None else old.content
-        if content == old.content and md == old.metadata_values():
-            return {"status": "OK", "changed": False, "message": old.to_dict()}
+        old_content = old.content
+        content = req.content if req.content is not None else old_content
+        if content == old_content and md == old.metadata_values():
+            return {"status": "OK", "changed": False, "message": old.to_dict(old_content)}
         seq = self.last_seq + 1
         new = message_from_args(old.message_id, old.session_id, old.seq, old.timestamp, old.role, content, md)
         new.etype, new.tool, new.ext = old.etype, old.tool, old.ext  # an event stays the event it was
         new.revision = old.revision + 1
         new.updated_at = self.clock.now_ms()
-        new.rec_size = self._append(["u", rid, seq, new.fields()])
-        self._replace(old, new)
-        self.update_records += 1
-        self._after_record(rid, "u", new.message_id, new.revision, seq, new.updated_at)
-        return {"status": "OK", "changed": True, "message": new.to_dict()}
+        self._commit([["u", rid, seq, new.fields(content)]], [new])
+        return {"status": "OK", "changed": True, "message": new.to_dict(content)}
 
     def delete_message(self, req: R.DeleteMessage, rid: str | None = None) -> dict[str, Any]:
         self._check_writable()
@@ -551,12 +587,7 @@ class Store:
         msg = self.by_id.get(req.message_id)
         if msg is None or (req.session_id is not None and req.session_id != msg.session_id):
             return {"status": "NOT_FOUND"}
-        seq = self.last_seq + 1
-        now = self.clock.now_ms()
-        self._append(["d", rid, seq, msg.message_id, now])
-        self._remove(msg)
-        self.deleted_messages += 1
-        self._after_record(rid, "d", msg.message_id, 0, seq, now)
+        self._commit([["d", rid, self.last_seq + 1, msg.message_id, self.clock.now_ms()]])
         return {"status": "OK"}
 
     def import_messages(self, req: R.ImportMessages, rid: str | None = None) -> dict[str, Any]:
@@ -568,7 +599,7 @@ class Store:
         records first, then messages, then checkpoints, so a torn batch leaves a prefix whose
         checkpoints (if any survived) never claim events that did not."""
         self._check_writable()
-        fresh: list[Message] = []
+        fresh: list[tuple[Message, R.ImportedMessage]] = []
         seen: set[str] = set()
         existing = 0
         future = 0
@@ -585,24 +616,14 @@ class Store:
             msg.revision, msg.updated_at = m.revision, m.updated_at
             if clock.beyond_id(msg.message_id) or clock.beyond_ms(msg.timestamp) or clock.beyond_ms(msg.updated_at):
                 future += 1  # stored as it is; the clock does not observe it (see idgen)
-            fresh.append(msg)
+            fresh.append((msg, m))
         metas = [(s.session_id, s.fields) for s in req.sessions
                  if s.fields and any(self.session_meta.get(s.session_id, {}).get(k) != v for k, v in s.fields.items())]
         records = [["s", None, sid, fields] for sid, fields in metas]
-        records += [["w", None, msg.fields()] for msg in fresh]
+        records += [["w", None, msg.fields(m.content)] for msg, m in fresh]
         records += [["k", None, c.source, c.key, c.value] for c in req.checkpoints]
         if records:
-            sizes = self._append_many(records)
-            for (sid, fields), size in zip(metas, sizes):
-                self._apply_session_meta(sid, fields, size)
-            for msg, size in zip(fresh, sizes[len(metas):]):
-                msg.rec_size = size
-                self._insert(msg)
-                self._after_record(None, "w", msg.message_id, msg.revision, msg.seq, msg.timestamp)
-                self.clock.observe_id(msg.message_id)
-                self.clock.observe_ms(msg.updated_at)
-            for c, size in zip(req.checkpoints, sizes[len(metas) + len(fresh):]):
-                self.ingest.apply(c.source, c.key, c.value, size)
+            self._commit(records, [None] * len(metas) + [msg for msg, _ in fresh] + [None] * len(req.checkpoints))
         if future:
             LOG.warning("import: %d messages carry an id or time more than %d h beyond the wall clock; stored as "
                         "they are, the clock of new writes ignores them", future, L.CLOCK_SKEW_MAX_MS // 3_600_000)
@@ -633,7 +654,7 @@ class Store:
         """Write (and fsync) the current state to ``tmp``, not yet in place. Returns the log position
         it covers. Used directly by a forked child, which sees a frozen copy of the state."""
         pos = self.writer.size
-        msgs = ([*m.fields(), m.rec_size] for m in self.by_seq.values())
+        msgs = (m.row() for m in self.by_seq.values())
         snapshot.write_file(self.io, tmp, self.snapshot_meta(self.salt, pos), msgs, self.search.dump())
         return pos
 
@@ -701,4 +722,5 @@ class Store:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        self.log_text.close()
 

@@ -94,7 +94,7 @@ def _position(pos: Any, n: int) -> list[Any]:
 def content(store: Store, a: R.ReadContent) -> dict[str, Any]:
     msg = store.live(a.message_id)
     check_revision(msg, a.expected_revision)
-    data = msg.content.encode("utf-8")
+    data = msg.utf8()
     total = len(data)
     off = a.content_offset
     if off > total:
@@ -317,7 +317,8 @@ def session_neighbours(store: Store):
 
 
 def _search_text(m: Message) -> str:
-    return m.content if m.summary is None else m.content + "\n" + m.summary
+    content = m.content
+    return content if m.summary is None else content + "\n" + m.summary
 
 
 def search_messages(store: Store, a: R.SearchMessages) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def record_bounds(buf: bytes) -> list[tuple[int, int]]:
     salt = logfile.parse_header(buf)
     out, pos = [], logfile.HEADER_SIZE
     result = logfile.ScanResult()
-    for size, _ in logfile.scan(buf, salt, pos, result):
+    for _, size, _ in logfile.scan(buf, salt, pos, result):
         out.append((pos, pos + size))
         pos += size
     assert pos == len(buf) and not result.torn_tail and result.damage is None

@@ -1,0 +1,115 @@
+"""Message text read back from the log by offset (storaged/text.py): the locations point at the very
+bytes, across restarts, snapshots, compaction and the migration of an older snapshot."""
+from __future__ import annotations
+
+import os
+import struct
+
+import msgpack
+import pytest
+
+from storaged import compaction
+from storaged import log as logfile
+from storaged import snapshot
+from storaged.store import Store
+from storaged.text import locate, span
+from tests.support.faultio import delete, read, update, write
+
+# lengths on each side of msgpack's str header sizes (1, 2, 3 and 5 bytes)
+LENGTHS = [0, 1, 31, 32, 255, 256, 65535, 65536, 300_000]
+
+
+def _texts():
+    for n in LENGTHS:
+        yield "a" * n
+        yield ("é" * (n // 2 + 1))[: max(n // 2, 0)] or "é"
+        yield ("語" * (n // 3 + 1))[: max(n // 3, 1)]
+
+
+@pytest.mark.parametrize("form", [19, 16])
+@pytest.mark.parametrize("tag", ["w", "u"])
+@pytest.mark.parametrize("rid", [None, "01J00000000000000000000000"])
+def test_locate_points_at_the_texts_bytes(form, tag, rid):
+    for text in _texts():
+        fields = ["01J00000000000000000000001", "session-" * 3, 123456789, 1_700_000_000_000, "assistant", text,
+                  3, 1_700_000_000_001, None, ["t"], "short", "note", 2, None, [], []]
+        if form == 19:
+            fields += ["assistant_response", None, None]
+        record = [tag, rid, fields] if tag == "w" else [tag, rid, 99999, fields]
+        framed = logfile.encode_record(b"s" * 16, record)
+        pos = 4096
+        offset, length = span(locate(pos, record, text))
+        raw = text.encode("utf-8")
+        assert length == len(raw)
+        assert framed[offset - pos: offset - pos + length] == raw
+        assert msgpack.unpackb(framed[logfile.FRAME_SIZE:], raw=False) == record
+
+
+def _texts_of(store):
+    return {mid: m.content for mid, m in store.by_id.items()}
+
+
+def test_text_is_not_held_in_memory_and_survives_every_way_of_opening(tmp_path):
+    d = str(tmp_path)
+    store = Store.open(d)
+    big = "ツール出力 " * 9000 + "end"
+    ids = [write(store, f"s{i % 3}", f"message {i} " + ("x" * (i * 97 % 5000)))["message"]["message_id"]
+           for i in range(60)]
+    ids.append(write(store, "s0", big)["message"]["message_id"])
+    update(store, ids[3], content="a new text for three")
+    delete(store, ids[4])
+    expected = _texts_of(store)
+    assert expected[ids[-1]] == big and expected[ids[3]] == "a new text for three"
+    assert all(isinstance(m.text, int) for m in store.by_id.values())
+    chunk = read(store, view="content", message_id=ids[-1], content_offset=6, content_limit=9)
+    assert chunk["content_range"]["content"] == big.encode("utf-8")[6:15].decode("utf-8")
+
+    # a restart without a snapshot (replay), then with one (rows hold locations), then after SIGKILL-like
+    # loss of the snapshot's tail coverage (writes after the snapshot are replayed from their offsets)
+    store.close()
+    store = Store.open(d)
+    assert _texts_of(store) == expected
+    store.write_snapshot()
+    late = write(store, "s9", "written after the snapshot")["message"]["message_id"]
+    expected[late] = "written after the snapshot"
+    store.close()
+    store = Store.open(d)
+    assert store.snapshot_valid and store.snapshot_pos > 0
+    assert _texts_of(store) == expected
+    assert all(isinstance(m.text, int) for m in store.by_id.values())
+
+    # compaction writes a new log: every text is read from it (the old file is gone)
+    old_inode = os.stat(store.log_path).st_ino
+    compaction.rebuild(store)
+    assert os.stat(store.log_path).st_ino != old_inode
+    assert _texts_of(store) == expected
+    after = write(store, "s1", "after the rebuild")["message"]["message_id"]
+    expected[after] = "after the rebuild"
+    store.close()
+    store = Store.open(d)
+    assert _texts_of(store) == expected
+    store.close()
+
+
+def test_an_older_snapshot_is_replaced_by_a_current_one_at_the_first_start(tmp_path):
+    d = str(tmp_path)
+    store = Store.open(d)
+    for i in range(30):
+        write(store, "s", f"text {i}")
+    expected = _texts_of(store)
+    store.write_snapshot()
+    store.close()
+    path = os.path.join(d, "snapshot")
+    with open(path, "r+b") as f:  # the same file as a format-3 writer would have stamped it
+        f.seek(8)
+        f.write(struct.pack("<H", 3))
+    store = Store.open(d)
+    assert _texts_of(store) == expected
+    assert not store.snapshot_outdated and store.snapshot_pos == store.log_size()
+    with open(path, "rb") as f:
+        assert struct.unpack_from("<H", f.read(10), 8)[0] == snapshot.VERSION
+    store.close()
+    store = Store.open(d)  # the rewritten snapshot is used
+    assert store.snapshot_valid and store.snapshot_pos == store.log_size()
+    assert _texts_of(store) == expected
+    store.close()
