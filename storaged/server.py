@@ -71,6 +71,10 @@ GROUP_MAX_BYTES = 2 * L.MAX_REQUEST_BYTES
 # silently: the reply is dropped and counted, never waited for — the loop serves everyone else.
 # Memory held for such a peer stays near (REPLY_HWM + what the kernel buffers) x the reply budget.
 REPLY_HWM = 4
+# Replies of a group-committed batch that wait for its shared fdatasync are held at most to this many
+# bytes: beyond, the batch syncs early and sends them (message text is read from the log, so every
+# reply holds its own copy of the text — a batch of big reads must not hold them all).
+HELD_REPLY_BYTES = 2 * L.RESPONSE_BUDGET_BYTES
 REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
 _PR_SET_PDEATHSIG = 1
@@ -253,26 +257,50 @@ class Server:
                 self._reply(envelope, self.handle(body))
             return
         store.group_commit = len(batch) > 1
+        held: list[tuple[list[bytes], bytes]] = []
+        held_bytes = 0
         try:
-            replies = [(envelope, self.handle(body)) for envelope, body in batch]
+            for envelope, body in batch:
+                data = wire.encode(self.handle(body))
+                if not store.unsynced:
+                    # nothing of this batch awaits the disk, so this reply can tell of nothing unsynced:
+                    # it leaves now (a batch of big reads then never holds all its replies at once)
+                    self._send(envelope, data)
+                    continue
+                held.append((envelope, data))
+                held_bytes += len(data)
+                if held_bytes >= HELD_REPLY_BYTES:
+                    self._sync_batch(len(batch))
+                    self._send_all(held)
+                    held, held_bytes = [], 0
         finally:
             store.group_commit = False
+        self._sync_batch(len(batch))
+        self._send_all(held)
+
+    def _sync_batch(self, n: int) -> None:
+        store = self.store
         if store.unsynced:
             try:
                 store.writer.sync()
             except OSError as exc:
                 LOG.critical("the shared fdatasync of %d requests failed (%s): exiting without acknowledging "
-                             "them; a restart replays what reached the disk", len(batch), exc.strerror or exc)
+                             "them; a restart replays what reached the disk", n, exc.strerror or exc)
                 os._exit(EXIT_FSYNC_FAILED)
             store.unsynced = False
-        for envelope, reply in replies:
-            self._reply(envelope, reply)
+
+    def _send_all(self, replies: list[tuple[list[bytes], bytes]]) -> None:
+        for envelope, data in replies:
+            self._send(envelope, data)
 
     def _reply(self, envelope: list[bytes], reply: dict[str, Any]) -> None:
+        self._send(envelope, wire.encode(reply))
+
+    def _send(self, envelope: list[bytes], data: bytes) -> None:
         """Send without ever blocking the loop: a peer whose reply queue is full (it does not read)
         or that has gone loses this reply; a REQ client retries with the same request id anyway."""
         try:
-            self.sock.send_multipart([*envelope, wire.encode(reply)], zmq.NOBLOCK)
+            self.sock.send_multipart([*envelope, data], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # EAGAIN: the peer's queue is full; EHOSTUNREACH: the peer is gone
             if exc.errno not in (zmq.EAGAIN, zmq.EHOSTUNREACH):
                 raise
