@@ -31,6 +31,11 @@ def shifted_clock(at_ms: int) -> tuple[Callable[[], float], Callable[[], int]]:
     return time_s, time_ns
 
 
+def command(at_ms: int, module: str = "storaged") -> list[str]:
+    """The command line that runs ``python -m MODULE`` with its wall clock starting at ``at_ms``."""
+    return [sys.executable, "-m", __name__, str(at_ms), "-m", module]
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[1] != "-m":
         sys.exit("usage: python -m tests.support.clockshift AT_MS -m MODULE [ARGS...]")
