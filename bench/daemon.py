@@ -60,8 +60,10 @@ class Daemon:
 
     def __init__(self, data_dir: str | os.PathLike, endpoint: str | None = None, extra_args: list[str] | None = None,
                  log_dir: str | os.PathLike | None = None, curve_server_public: bytes | None = None,
-                 curve_client_keys: tuple[bytes, bytes] | None = None) -> None:
+                 curve_client_keys: tuple[bytes, bytes] | None = None, command: list[str] | None = None) -> None:
         self.data_dir = str(data_dir)
+        # what runs the daemon; a test may put a launcher in front of the module (a shifted clock)
+        self.command = list(command or [PYTHON, "-m", "storaged"])
         self.curve_client_keys = curve_client_keys  # (public, secret) of an allow-listed client
         self.endpoint = endpoint or default_endpoint(self.data_dir, {})
         self.extra_args = list(extra_args or [])
@@ -81,7 +83,7 @@ class Daemon:
         name = Path(self.data_dir).name
         self.stdout_path = self.log_dir / f"{name}-{self.runs}.stdout"
         self.stderr_path = self.log_dir / f"{name}-{self.runs}.stderr"
-        cmd = [PYTHON, "-m", "storaged", "--data-dir", self.data_dir]
+        cmd = [*self.command, "--data-dir", self.data_dir]
         if self.endpoint != default_endpoint(self.data_dir, {}):
             cmd += ["--endpoint", self.endpoint]
         cmd += self.extra_args + list(extra)

@@ -5,7 +5,9 @@
 - ``mcp_fixtures``: front-end processes and the SDK's MCP client, as pytest fixtures;
 - ``admin_cli``: the ``convmem`` command line run as a process;
 - ``faultio``: file layers that fail on purpose or model a power cut, and store shorthands;
-- ``fixtures/``: data the tests read (transcripts in the shape of real ones, a release-0.1 store).
+- ``release_store``: stores written by earlier releases (in ``fixtures/``) and what they answered;
+- ``clockshift``: a process whose wall clock reads as another day (a fixture's request ids are fresh then);
+- ``fixtures/``: data the tests read (transcripts in the shape of real ones, stores of earlier releases).
 """
 from __future__ import annotations
 
