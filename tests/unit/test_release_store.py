@@ -34,3 +34,25 @@ def test_counters_and_checkpoints_survive(opened):
     assert {k: health[k] for k in EXPECTED["health"]} == EXPECTED["health"]
     for source, reply in EXPECTED["ingest_checkpoints"].items():
         assert opened.ingest.of_source(source) == reply["checkpoints"]
+
+
+def test_the_first_start_migrates_the_snapshot_once(tmp_path):
+    """The release's snapshot (format 3) holds texts, not their places in the log: the first start
+    replays the log once and writes a snapshot of the current format, which the next start uses."""
+    from storaged import snapshot
+
+    d = copy_store(STORE, tmp_path / "d")
+    with open(d / "snapshot", "rb") as f:
+        assert snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1] == 3
+    first = Store.open(str(d))
+    assert not first.snapshot_outdated and first.snapshot_pos == first.log_size()
+    texts = {mid: m.content for mid, m in first.by_id.items()}
+    first.close()
+    with open(d / "snapshot", "rb") as f:
+        assert snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1] == snapshot.VERSION
+    again = Store.open(str(d))
+    assert again.snapshot_valid and again.snapshot_pos == again.log_size()
+    assert {mid: m.content for mid, m in again.by_id.items()} == texts
+    for m in EXPECTED["messages"]:
+        assert again.by_id[m["message_id"]].to_dict() == without_event(m)
+    again.close()
