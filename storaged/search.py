@@ -645,7 +645,8 @@ class _PrefixVocab:
     Why runs: sorting the whole vocabulary at once (0.9 s at 1M terms) would stall every client of
     the daemon for that long.  So the list is built in bounded steps (build_step(): the next
     _PREFIX_BUILD_STEP terms by tid, sorted into a run of their own), started at load() or by the
-    first query that needs it, advanced by each query and, a little, by each add().  Until the
+    first query that needs it, advanced by each query, by the daemon's idle loop (idle_step) and,
+    a little, by each add().  Until the
     last step is done the index is not ``ready`` and queries run without prefix expansion.
     expansions() reads the runs as the one sorted list they make together (a bisect per run), so
     what a query finds does not depend on how the runs were cut.  Not saved by dump().
@@ -1062,6 +1063,15 @@ class SearchIndex:
                 _note_char_term(ct, term, tid)
             self._char_terms = ct
         return self._char_terms
+
+    def idle_step(self) -> bool:
+        """One bounded step of the work no request waits for (the prefix list's build, started here
+        if no query started it); True while some remains. The daemon calls it when its loop is idle,
+        so that the first prefix query finds the list built."""
+        if self._prefix is None and not self._terms:
+            return False
+        self._prefix_step()
+        return not self._prefix.ready or self._prefix_next is not None
 
     def _prefix_step(self) -> _PrefixVocab | None:
         """Advance the prefix list's build (or a rebuild) by one bounded step (see _PrefixVocab);

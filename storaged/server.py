@@ -77,6 +77,7 @@ REPLY_HWM = 4
 HELD_REPLY_BYTES = 2 * L.RESPONSE_BUDGET_BYTES
 REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
+IDLE_SLICE_S = 0.02  # idle work done at once after POLL_MS without a request
 _PR_SET_PDEATHSIG = 1
 ZAP_DOMAIN = "convmem"
 
@@ -238,6 +239,8 @@ class Server:
                         size += sum(map(len, body))
                 if batch:
                     self._serve_batch(batch)
+            elif not events and self.store is not None:
+                self._idle_work()
             if self.store is not None:
                 self._background_snapshot()
 
@@ -277,6 +280,14 @@ class Server:
             store.group_commit = False
         self._sync_batch(len(batch))
         self._send_all(held)
+
+    def _idle_work(self) -> None:
+        """Background steps of the search index while no request waits (at most IDLE_SLICE_S, and
+        never past the arrival of a request)."""
+        deadline = time.monotonic() + IDLE_SLICE_S
+        search = self.store.search
+        while search.idle_step() and time.monotonic() < deadline and not self.sock.poll(0):
+            pass
 
     def _sync_batch(self, n: int) -> None:
         store = self.store

@@ -687,3 +687,19 @@ def test_prefix_expansion_work_is_bounded_per_query():
         search_mod._PrefixVocab.expansions = real
     assert sum(seen) <= search_mod._PREFIX_QUERY_BUDGET
     assert hits
+
+
+def test_idle_steps_build_the_prefix_vocabulary_before_any_query(monkeypatch):
+    from storaged import search as search_mod
+
+    monkeypatch.setattr(search_mod, "_PREFIX_BUILD_STEP", 16)
+    assert not search_mod.SearchIndex().idle_step()  # nothing to build in an empty index
+    ix = make([(d, f"filler{letters(d)}word number{d}") for d in range(1, 100)]
+              + [(100, "we moved to PostgreSQL"), (101, "postgres it is")])
+    steps = 0
+    while ix.idle_step():
+        steps += 1
+        assert steps <= len(ix._terms) // 16 + 1
+    assert ix._prefix.ready and steps > 1
+    assert ids(ix.search("postgres", 5)) == [101, 100]  # the first query expands already
+    assert not ix.idle_step()
