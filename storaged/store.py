@@ -177,7 +177,7 @@ class Store:
         if self.io.exists(self.snapshot_path):
             start = self._load_snapshot(salt, len(buf))
         result = self.scan_result = logfile.ScanResult()
-        for size, record in logfile.scan(buf, salt, start, result, resync=salvage):
+        for _, size, record in logfile.scan(buf, salt, start, result, resync=salvage):
             self._apply_record(record, size)
         end = result.end
         if result.damage is not None and not salvage:

@@ -30,7 +30,7 @@ def decoded(path: str) -> list:
     buf = open(path, "rb").read()
     salt = logfile.parse_header(buf)
     res = logfile.ScanResult()
-    records = [r for _, r in logfile.scan(buf, salt, logfile.HEADER_SIZE, res)]
+    records = [r for _, _, r in logfile.scan(buf, salt, logfile.HEADER_SIZE, res)]
     assert not res.torn_tail and res.damage is None
     return records
 

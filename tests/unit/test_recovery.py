@@ -16,6 +16,7 @@ from protocol import errors as E
 from protocol.errors import ProtocolError
 from storaged import compaction
 from storaged import log as logfile
+from storaged import records
 from storaged.fileio import FileIO
 from storaged.salvage import salvage
 from storaged.store import Store
@@ -28,7 +29,8 @@ def record_bounds(buf: bytes) -> list[tuple[int, int]]:
     salt = logfile.parse_header(buf)
     out, pos = [], logfile.HEADER_SIZE
     result = logfile.ScanResult()
-    for size, _ in logfile.scan(buf, salt, pos, result):
+    for offset, size, _ in logfile.scan(buf, salt, pos, result):
+        assert offset == pos
         out.append((pos, pos + size))
         pos += size
     assert pos == len(buf) and not result.torn_tail and result.damage is None
@@ -481,7 +483,7 @@ def test_a_log_inside_a_message_is_not_a_record(tmp_path, same_salt):
 
 def test_frame_checksum_covers_length_and_salt():
     salt = b"s" * 16
-    framed = logfile.frame(salt, b"\x93\xa1w\xc0\x90")
+    framed = logfile.frame(salt, msgpack.packb(records.delete(None, 1, "m", 0)))
     length, crc = struct.unpack_from("<II", framed)
     assert crc == zlib.crc32(framed[8:], zlib.crc32(framed[:4], zlib.crc32(salt)))
     buf = logfile.make_header(salt) + framed
