@@ -17,7 +17,7 @@ import msgpack
 
 from protocol import limits as L
 
-from . import records
+from . import layout, records
 from .fileio import FileIO
 
 MAGIC = b"CVMEMLOG"
@@ -165,7 +165,7 @@ class LogWriter:
     def create(cls, io: FileIO, path: str) -> "LogWriter":
         """A new, empty log with a fresh salt, made durable before it is used."""
         salt = new_salt()
-        tmp = path + ".new"
+        tmp = path + layout.NEW_SUFFIX
         fd = io.open_new(tmp)
         try:
             io.write(fd, make_header(salt))

@@ -28,6 +28,7 @@ from protocol import limits as L
 from protocol import requests as R
 from protocol.errors import ProtocolError
 
+from . import layout
 from . import log as logfile
 from . import snapshot
 from .fileio import FileIO
@@ -41,12 +42,7 @@ from .sessionorder import SessionOrder
 
 LOG = logging.getLogger("convmem.storaged")
 
-LOG_NAME = "log"
-SNAPSHOT_NAME = "snapshot"
-COMPACT_SUFFIX = ".compact"
-CURSOR_KEY_NAME = "cursor.key"
 CURSOR_KEY_BYTES = 32  # the HMAC key of cursors and typed ids (storaged/cursor.py, handles.py)
-BACKGROUND_SUFFIX = ".bg.tmp"  # a snapshot being written by a forked child
 # Request ids remembered for exactly-once retries: at most this many, and none older than
 # L.REQUEST_ID_RETENTION_S. A retry comes seconds after its original, so this is generous; the
 # window is kept durably (log records, snapshot, the compacted log's checkpoint record). The time of
@@ -66,8 +62,8 @@ class Store:
     def __init__(self, data_dir: str, io: FileIO | None = None) -> None:
         self.dir = os.path.abspath(data_dir)
         self.io = io or FileIO()
-        self.log_path = os.path.join(self.dir, LOG_NAME)
-        self.snapshot_path = os.path.join(self.dir, SNAPSHOT_NAME)
+        self.log_path = os.path.join(self.dir, layout.LOG)
+        self.snapshot_path = os.path.join(self.dir, layout.SNAPSHOT)
         # state
         self.by_id: dict[str, Message] = {}
         self.by_seq: dict[int, Message] = {}
@@ -132,12 +128,9 @@ class Store:
         self.salvaging = salvage
         io = self.io
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        for leftover in (self.log_path + COMPACT_SUFFIX, self.log_path + ".new",
-                         self.snapshot_path + snapshot.TMP_SUFFIX, self.snapshot_path + BACKGROUND_SUFFIX,
-                         os.path.join(self.dir, CURSOR_KEY_NAME) + ".tmp"):
-            if os.path.lexists(leftover):
-                LOG.info("removing leftover %s of an interrupted write", os.path.basename(leftover))
-                io.remove(leftover)
+        for leftover in layout.leftovers(self.dir):
+            LOG.info("removing leftover %s of an interrupted write", os.path.basename(leftover))
+            io.remove(leftover)
         self._load_cursor_key()
         if not io.exists(self.log_path) and io.exists(self.snapshot_path):
             # The log is the source of truth; starting empty here would hide a lost file.
@@ -157,7 +150,7 @@ class Store:
                 buf.close()
 
     def _load_cursor_key(self) -> None:
-        path = os.path.join(self.dir, CURSOR_KEY_NAME)
+        path = os.path.join(self.dir, layout.CURSOR_KEY)
         if self.io.exists(path):
             key = bytes(self.io.read_all(path))
             if len(key) == CURSOR_KEY_BYTES:
@@ -646,7 +639,7 @@ class Store:
         """Save the state for a fast next start (at a clean stop). Skipped when nothing changed."""
         if not self.snapshot_due():
             return False
-        tmp = self.snapshot_path + snapshot.TMP_SUFFIX
+        tmp = self.snapshot_path + layout.TMP_SUFFIX
         self.install_snapshot(tmp, self.write_snapshot_file(tmp))
         self.snapshot_records = self.record_count
         return True
