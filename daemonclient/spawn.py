@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from protocol import errors as E
-from protocol.config import DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, read_pid
+from protocol.config import DAEMON_EXIT_LOCKED, DAEMON_FAIL_PREFIX, DAEMON_LOG_NAME, read_pid
 
 from .transport import DaemonClient, ipc_path
 
@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 20.0
 PING_INTERVAL_S = 0.05
-LOG_NAME = "storaged.log"
 # After a daemon could not start, calls in the next seconds get that failure at once (no new attempt).
 FAILURE_HOLD_S = 2.0
 OUTPUT_MAX = 64 * 1024
@@ -155,7 +154,7 @@ class Spawner:
                 if code is not None and code != DAEMON_EXIT_LOCKED:
                     output.drain()
                     return self._failed(output.cause() or f"it exited with status {code}; see "
-                                        f"{os.path.join(self.data_dir, LOG_NAME)}")
+                                        f"{os.path.join(self.data_dir, DAEMON_LOG_NAME)}")
                 await asyncio.sleep(PING_INTERVAL_S)
             log.error("the storage daemon did not become ready within %.0fs", self.ready_timeout)
             return False
@@ -201,7 +200,7 @@ class Spawner:
         start (a data directory that is a file, unwritable, mistyped) tells us why in its own words; once
         ready it appends its log to DATA_DIR/storaged.log."""
         cmd = [*daemon_command(), "--data-dir", self.data_dir, "--endpoint", self.endpoint,
-               "--log-file", os.path.join(self.data_dir, LOG_NAME)]
+               "--log-file", os.path.join(self.data_dir, DAEMON_LOG_NAME)]
         if not os.path.isdir(self.data_dir):
             log.warning("no store in %s yet: the storage daemon creates one", self.data_dir)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

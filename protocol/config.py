@@ -21,6 +21,8 @@ DAEMON_EXIT_CANNOT_START = 2
 # The store's identity: a random id written once at the first start, reported by ping, so a front-end
 # can tell its own daemon from one serving another data directory on the same endpoint.
 STORE_ID_NAME = "store-id"
+# The text log of a daemon a front-end started (its --log-file, in the data directory).
+DAEMON_LOG_NAME = "storaged.log"
 # The bearer token of the HTTP front-end (0600, created at its first start).
 HTTP_TOKEN_NAME = "http-token"
 # The daemon's CURVE allow-list: a directory of client public-key certificates (``*.key``).

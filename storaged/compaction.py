@@ -14,10 +14,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from . import layout
 from . import log as logfile
+from . import records
 from . import snapshot
 from .search import SearchIndex
-from .store import COMPACT_SUFFIX, Store
+from .store import Store
 from .text import locate
 
 WRITE_BATCH = 1 << 20
@@ -49,11 +51,11 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     salt = logfile.new_salt()
     msgs = list(store.by_seq.values())
     bytes_before = store.log_size()
-    tmp_log = store.log_path + COMPACT_SUFFIX
+    tmp_log = store.log_path + layout.COMPACT_SUFFIX
     # the request-id window without the expired ids: a rebuild must never carry them on (a small log
     # would otherwise grow by the whole window at every rebuild)
     rids = store.rid_entries()
-    checkpoint = logfile.encode_record(salt, ["c", store.last_seq, store.clock.last_id, store.clock.last_ms, rids])
+    checkpoint = logfile.encode_record(salt, records.checkpoint(store.last_seq, store.clock.last_id, store.clock.last_ms, rids))
     rec_sizes: list[int] = []
     text_locs: list[int] = []
     index = SearchIndex()
@@ -80,12 +82,12 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
                 pause()
 
         for sid, fields in metas.items():
-            rec = logfile.encode_record(salt, ["s", None, sid, fields])
+            rec = logfile.encode_record(salt, records.session(sid, fields))
             meta_sizes[sid] = len(rec)
             emit(rec)
         for i, m in enumerate(msgs):
             content = m.content  # read from the old log
-            record = ["w", None, m.fields(content)]
+            record = records.write(None, m.fields(content))
             rec = logfile.encode_record(salt, record)
             text_locs.append(locate(size + batch_len, record, content))
             rec_sizes.append(len(rec))
@@ -94,7 +96,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
             if i % 2048 == 2047:
                 pause()
         for (src, key), value in list(store.ingest.checkpoints.items()):
-            rec = logfile.encode_record(salt, ["k", None, src, key, value])
+            rec = logfile.encode_record(salt, records.ingest(src, key, value))
             checkpoint_sizes[(src, key)] = len(rec)
             emit(rec)
         if batch:
@@ -113,7 +115,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta["checkpoints"] = [[src, key, store.ingest.checkpoints[(src, key)], n]
                            for (src, key), n in checkpoint_sizes.items()]
     snap_fields = (m.row(loc, rs) for m, loc, rs in zip(msgs, text_locs, rec_sizes))
-    snapshot.write_file(io, store.snapshot_path + snapshot.TMP_SUFFIX, meta, snap_fields, index.dump())
+    snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, snap_fields, index.dump())
     return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
                     index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0,
@@ -129,15 +131,15 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
     synced, the rename is not known to be durable, so mutations are refused until a restart.
     """
     io = store.io
-    tmp_snapshot = store.snapshot_path + snapshot.TMP_SUFFIX
+    tmp_snapshot = store.snapshot_path + layout.TMP_SUFFIX
     try:
         # opened before the rename, so that the store never holds locations without their file
-        text_fd = io.open_read(store.log_path + COMPACT_SUFFIX)
+        text_fd = io.open_read(store.log_path + layout.COMPACT_SUFFIX)
     except OSError:
         discard(store)
         raise
     try:
-        io.replace(store.log_path + COMPACT_SUFFIX, store.log_path)
+        io.replace(store.log_path + layout.COMPACT_SUFFIX, store.log_path)
     except OSError:
         io.close(text_fd)
         discard(store)
@@ -205,7 +207,7 @@ def _quiet_remove(io, path: str) -> None:
 
 def discard(store: Store) -> None:
     """Remove the temporary files of a failed rebuild (best effort: they are removed at start anyway)."""
-    for path in (store.log_path + COMPACT_SUFFIX, store.snapshot_path + snapshot.TMP_SUFFIX):
+    for path in (store.log_path + layout.COMPACT_SUFFIX, store.snapshot_path + layout.TMP_SUFFIX):
         _quiet_remove(store.io, path)
 
 

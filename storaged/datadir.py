@@ -19,9 +19,8 @@ import stat
 
 from protocol.config import pid_path, read_pid, run_dir, standard_data_dir
 
+from . import layout
 from .fileio import create_private
-
-LOCK_NAME = "LOCK"
 
 
 class AlreadyRunning(Exception):
@@ -107,7 +106,7 @@ class DataDirLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        path = os.path.join(self.data_dir, LOCK_NAME)
+        path = os.path.join(self.data_dir, layout.LOCK)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -145,7 +144,7 @@ def prepare_run_dir(data_dir: str) -> str:
 
 def write_pid(data_dir: str) -> None:
     path = pid_path(data_dir)
-    tmp = path + ".tmp"
+    tmp = path + layout.TMP_SUFFIX
     fd = create_private(tmp)
     with os.fdopen(fd, "w") as f:
         f.write(f"{os.getpid()}\n")

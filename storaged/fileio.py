@@ -17,6 +17,8 @@ import mmap
 import os
 from dataclasses import dataclass
 
+from . import layout
+
 
 @dataclass
 class IOCounters:
@@ -119,7 +121,7 @@ class FileIO:
 
     def write_file_atomic(self, path: str, data: bytes) -> None:
         """Write, fsync, rename, fsync the directory: the file is either old or new, never torn."""
-        tmp = path + ".tmp"
+        tmp = path + layout.TMP_SUFFIX
         fd = self.open_new(tmp)
         try:
             self.write(fd, data)

@@ -27,7 +27,7 @@ import zmq
 from protocol import wire
 from protocol.config import store_id_path
 
-from . import datadir
+from . import datadir, layout
 
 PROBE_TIMEOUT_S = 1.0
 
@@ -76,7 +76,7 @@ class EndpointClaim:
         socket file of a dead one."""
         if self.path is None:
             return
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.path + layout.LOCK_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -17,6 +17,7 @@ import msgpack
 
 from protocol import limits as L
 
+from . import layout, records
 from .fileio import FileIO
 
 MAGIC = b"CVMEMLOG"
@@ -68,7 +69,7 @@ def encode_record(salt: bytes, record: list[Any]) -> bytes:
 
 
 def _record_at(buf, salt_crc: int, pos: int, end: int):
-    """The payload view of a valid record at ``pos``, or None."""
+    """The payload view of a record at ``pos`` whose frame and checksum hold, or None."""
     if pos + FRAME_SIZE > end:
         return None
     length, crc = FRAME.unpack_from(buf, pos)
@@ -78,6 +79,23 @@ def _record_at(buf, salt_crc: int, pos: int, end: int):
     if zlib.crc32(payload, zlib.crc32(buf[pos:pos + 4], salt_crc)) != crc:
         return None
     return payload
+
+
+def _valid_at(buf, salt_crc: int, pos: int, end: int):
+    """``(framed size, record)`` of a valid record at ``pos``, or None: the one validity rule of the
+    in-order scan and of the resync. Valid means the frame and checksum hold, the payload decodes,
+    and ``records.check`` accepts its shape (an unknown tag or a wrong shape is damage, not a
+    record to skip or to apply half-way)."""
+    payload = _record_at(buf, salt_crc, pos, end)
+    if payload is None:
+        return None
+    try:
+        record = msgpack.unpackb(payload, raw=False, use_list=True)
+    except Exception:
+        return None
+    if records.check(record) is not None:
+        return None
+    return FRAME_SIZE + len(payload), record
 
 
 @dataclass
@@ -98,13 +116,12 @@ def next_valid(buf, salt: bytes, start: int, end: int) -> int | None:
     """The first offset after ``start`` at which a valid record begins (the resync a salvage needs)."""
     salt_crc = zlib.crc32(salt)
     for pos in range(start + 1, end - FRAME_SIZE + 1):
-        if _record_at(buf, salt_crc, pos, end) is not None:
+        if _valid_at(buf, salt_crc, pos, end) is not None:
             return pos
     return None
 
 
-def scan(buf, salt: bytes, start: int, result: ScanResult,
-         resync: bool = False) -> Iterator[tuple[int, int, Any]]:
+def scan(buf, salt: bytes, start: int, result: ScanResult, resync: bool = False) -> Iterator[tuple[int, int, Any]]:
     """Yield (offset, framed size, decoded record) from ``start``. Fills ``result`` as it goes.
 
     Without ``resync`` the scan stops at the first bad record: if nothing valid follows it, it is a
@@ -116,16 +133,8 @@ def scan(buf, salt: bytes, start: int, result: ScanResult,
     pos = start
     result.end = pos
     while pos < end:
-        payload = _record_at(buf, salt_crc, pos, end)
-        record = None
-        if payload is not None:
-            try:
-                record = msgpack.unpackb(payload, raw=False, use_list=True)
-            except Exception:
-                record = None
-            if not isinstance(record, list) or not record or not isinstance(record[0], str):
-                record = None
-        if record is None:
+        valid = _valid_at(buf, salt_crc, pos, end)
+        if valid is None:
             resume = next_valid(buf, salt, pos, end)
             if resume is None:
                 result.torn_tail = True
@@ -135,7 +144,7 @@ def scan(buf, salt: bytes, start: int, result: ScanResult,
                 return
             pos = resume
             continue
-        size = FRAME_SIZE + len(payload)
+        size, record = valid
         yield pos, size, record
         pos += size
         result.records += 1
@@ -156,7 +165,7 @@ class LogWriter:
     def create(cls, io: FileIO, path: str) -> "LogWriter":
         """A new, empty log with a fresh salt, made durable before it is used."""
         salt = new_salt()
-        tmp = path + ".new"
+        tmp = path + layout.NEW_SUFFIX
         fd = io.open_new(tmp)
         try:
             io.write(fd, make_header(salt))

@@ -16,6 +16,7 @@ from typing import Any
 from protocol.history import FILE_FIELDS, ROLE_EVENT_TYPE
 from protocol.requests import Event, Metadata
 
+from .records import RECORD_FIELDS
 from .text import LogText, span, utf8_length
 
 
@@ -211,10 +212,6 @@ def message_from_args(message_id: str, session_id: str, seq: int, ts: int, role:
     return Message(message_id, session_id, seq, ts, role, content, 1, ts, md.tool_call_id, tuple(md.tags),
                    md.tier, md.kind, md.importance, md.summary, tuple(md.relations), tuple(md.source_ids), 0,
                    etype, tool, ext)
-
-
-RECORD_FIELDS = 19      # fields of a message in a log record (a snapshot row adds rec_size after them)
-RECORD_FIELDS_0_1 = 16  # the same in release 0.1, before the event fields
 
 
 def _ext_fields(ext: tuple | None) -> list[Any] | None:

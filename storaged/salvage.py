@@ -6,10 +6,11 @@ damaged stretch), applies them in order, and writes a clean compacted log and sn
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
-from . import compaction
+from . import compaction, layout
 from .fileio import FileIO
 from .store import Store
 
@@ -19,7 +20,7 @@ def salvage(data_dir: str, io: FileIO | None = None) -> dict[str, Any]:
     store = Store.open(data_dir, io, salvage=True)
     if not store.salt:
         raise RuntimeError("the log header is unreadable, so no record can be verified; nothing was changed")
-    damaged = f"{store.log_path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+    damaged = os.path.join(store.dir, layout.damaged_copy_name(time.time()))
     io.write_file_atomic(damaged, bytes(io.read_all(store.log_path)))
     scan = store.scan_result
     result = compaction.rebuild(store)

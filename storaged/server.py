@@ -40,10 +40,10 @@ from protocol import wire
 from protocol.errors import ProtocolError, error_reply
 from protocol.history import HistoryError
 
-from . import compaction, datadir, views
+from . import compaction, datadir, layout, views
 from .history import HistoryViews
 from .history import handlers as history_handlers
-from .store import BACKGROUND_SUFFIX, Store
+from .store import Store
 
 LOG = logging.getLogger("convmem.storaged")
 
@@ -330,7 +330,7 @@ class Server:
                 or (store.record_count - store.snapshot_records < self.snapshot_every_records
                     and store.writer.size - max(store.snapshot_pos, 0) < SNAPSHOT_EVERY_BYTES)):
             return
-        tmp = store.snapshot_path + BACKGROUND_SUFFIX
+        tmp = store.snapshot_path + layout.BACKGROUND_SUFFIX
         pos = store.writer.size
         parent = os.getpid()
         try:
@@ -374,7 +374,7 @@ class Server:
         if done == 0:
             return
         self.snapshot_child = None
-        tmp = self.store.snapshot_path + BACKGROUND_SUFFIX
+        tmp = self.store.snapshot_path + layout.BACKGROUND_SUFFIX
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and not kill and not self.store.rebuilding:
             try:
                 self.store.install_snapshot(tmp, pos)

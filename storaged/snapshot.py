@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import msgpack
 
+from . import layout
 from .fileio import FileIO
 
 MAGIC = b"CVMEMSNP"
@@ -29,7 +30,6 @@ OUTDATED_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
 CHUNK = 4096
-TMP_SUFFIX = ".tmp"
 
 
 class SnapshotInvalid(Exception):
@@ -42,7 +42,7 @@ class SnapshotOutdated(SnapshotInvalid):
 
 def write(io: FileIO, path: str, meta: dict[str, Any], messages: Iterable[list[Any]], search_dump: Any) -> int:
     """Write atomically (temporary file, fsync, rename, fsync the directory); returns the size."""
-    tmp = path + TMP_SUFFIX
+    tmp = path + layout.TMP_SUFFIX
     size = write_file(io, tmp, meta, messages, search_dump)
     io.replace(tmp, path)
     io.sync_dir(os.path.dirname(path) or ".")

@@ -30,7 +30,9 @@ from protocol import limits as L
 from protocol import requests as R
 from protocol.errors import ProtocolError
 
+from . import layout
 from . import log as logfile
+from . import records
 from . import snapshot
 from .fileio import FileIO
 from .handles import session_digest
@@ -44,12 +46,7 @@ from .text import LogText, locate
 
 LOG = logging.getLogger("convmem.storaged")
 
-LOG_NAME = "log"
-SNAPSHOT_NAME = "snapshot"
-COMPACT_SUFFIX = ".compact"
-CURSOR_KEY_NAME = "cursor.key"
 CURSOR_KEY_BYTES = 32  # the HMAC key of cursors and typed ids (storaged/cursor.py, handles.py)
-BACKGROUND_SUFFIX = ".bg.tmp"  # a snapshot being written by a forked child
 # Request ids remembered for exactly-once retries: at most this many, and none older than
 # L.REQUEST_ID_RETENTION_S. A retry comes seconds after its original, so this is generous; the
 # window is kept durably (log records, snapshot, the compacted log's checkpoint record). The time of
@@ -69,8 +66,8 @@ class Store:
     def __init__(self, data_dir: str, io: FileIO | None = None) -> None:
         self.dir = os.path.abspath(data_dir)
         self.io = io or FileIO()
-        self.log_path = os.path.join(self.dir, LOG_NAME)
-        self.snapshot_path = os.path.join(self.dir, SNAPSHOT_NAME)
+        self.log_path = os.path.join(self.dir, layout.LOG)
+        self.snapshot_path = os.path.join(self.dir, layout.SNAPSHOT)
         # state
         self.by_id: dict[str, Message] = {}
         self.by_seq: dict[int, Message] = {}
@@ -137,12 +134,9 @@ class Store:
         self.salvaging = salvage
         io = self.io
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        for leftover in (self.log_path + COMPACT_SUFFIX, self.log_path + ".new",
-                         self.snapshot_path + snapshot.TMP_SUFFIX, self.snapshot_path + BACKGROUND_SUFFIX,
-                         os.path.join(self.dir, CURSOR_KEY_NAME) + ".tmp"):
-            if os.path.lexists(leftover):
-                LOG.info("removing leftover %s of an interrupted write", os.path.basename(leftover))
-                io.remove(leftover)
+        for leftover in layout.leftovers(self.dir):
+            LOG.info("removing leftover %s of an interrupted write", os.path.basename(leftover))
+            io.remove(leftover)
         self._load_cursor_key()
         if not io.exists(self.log_path) and io.exists(self.snapshot_path):
             # The log is the source of truth; starting empty here would hide a lost file.
@@ -164,7 +158,7 @@ class Store:
                 buf.close()
 
     def _load_cursor_key(self) -> None:
-        path = os.path.join(self.dir, CURSOR_KEY_NAME)
+        path = os.path.join(self.dir, layout.CURSOR_KEY)
         if self.io.exists(path):
             key = bytes(self.io.read_all(path))
             if len(key) == CURSOR_KEY_BYTES:
@@ -292,22 +286,22 @@ class Store:
         mutation) has it built already — the same object ``Message.from_fields`` would make of the
         record. Records that contradict the state are skipped (only replay of a salvaged log meets
         them; a live mutation checks first)."""
-        kind = rec[0]
-        if kind == "w":
+        kind = rec[records.TAG]
+        if kind == records.WRITE:
             self.record_count += 1  # message records only: what records_removed is counted against
-            fields = rec[2]
-            if fields[0] in self.by_id:
+            fields = rec[records.W_MESSAGE]
+            if fields[records.MESSAGE_ID] in self.by_id:
                 return
             msg = msg or Message.from_fields(fields)
             self._store_text(msg, rec, pos, size)
-            self._insert(msg, fields[5])
-            self._after_record(rec[1], "w", msg.message_id, msg.revision, msg.seq, msg.timestamp)
+            self._insert(msg, fields[records.CONTENT])
+            self._after_record(rec[records.RID], records.WRITE, msg.message_id, msg.revision, msg.seq, msg.timestamp)
             self.clock.observe_id(msg.message_id)
             self.clock.observe_ms(msg.updated_at)
-        elif kind == "u":
+        elif kind == records.UPDATE:
             self.record_count += 1
-            fields = rec[3]
-            old = self.by_id.get(fields[0])
+            fields = rec[records.U_MESSAGE]
+            old = self.by_id.get(fields[records.MESSAGE_ID])
             if old is None and not self.salvaging:
                 return
             msg = msg or Message.from_fields(fields)
@@ -315,39 +309,39 @@ class Store:
             if old is None:
                 # an update carries the message's whole state: salvage can restore a message whose
                 # original write record was lost to damage
-                self._insert(msg, fields[5])
+                self._insert(msg, fields[records.CONTENT])
             else:
-                self._replace(old, msg, fields[5])
+                self._replace(old, msg, fields[records.CONTENT])
             self.update_records += 1
-            self._after_record(rec[1], "u", msg.message_id, msg.revision, rec[2], msg.updated_at)
+            self._after_record(rec[records.RID], records.UPDATE, msg.message_id, msg.revision, rec[records.U_SEQ], msg.updated_at)
             self.clock.observe_ms(msg.updated_at)
-        elif kind == "d":
+        elif kind == records.DELETE:
             self.record_count += 1
-            old = self.by_id.get(rec[3])
+            old = self.by_id.get(rec[records.D_MESSAGE_ID])
             if old is None:
                 return
             self._remove(old)
             self.deleted_messages += 1
             # since 0.3 a delete record carries its time; before, the request id's own time stands in
-            seen = rec[4] if len(rec) > 4 else (ulid_ms(rec[1]) if rec[1] else 0)
-            self._after_record(rec[1], "d", old.message_id, 0, rec[2], seen)
-        elif kind == "c":
-            _, last_seq, last_id, last_ms, rids = rec
-            self.last_seq = max(self.last_seq, last_seq)
-            if last_id:
-                self.clock.observe_id(last_id)
-            self.clock.observe_ms(last_ms)
-            self._load_rids(rids)
+            rid = rec[records.RID]
+            seen = rec[records.D_SEEN_MS] if len(rec) > records.D_SEEN_MS else (ulid_ms(rid) if rid else 0)
+            self._after_record(rid, records.DELETE, old.message_id, 0, rec[records.D_SEQ], seen)
+        elif kind == records.CHECKPOINT:
+            self.last_seq = max(self.last_seq, rec[records.C_LAST_SEQ])
+            if rec[records.C_LAST_ID]:
+                self.clock.observe_id(rec[records.C_LAST_ID])
+            self.clock.observe_ms(rec[records.C_LAST_MS])
+            self._load_rids(rec[records.C_RIDS])
             self.checkpoint_bytes = size
-        elif kind == "s":
-            self._apply_session_meta(rec[2], rec[3], size)
-        elif kind == "k":
-            self.ingest.apply(rec[2], rec[3], rec[4], size)
+        elif kind == records.SESSION:
+            self._apply_session_meta(rec[records.S_SESSION_ID], rec[records.S_FIELDS], size)
+        elif kind == records.INGEST:
+            self.ingest.apply(rec[records.K_SOURCE], rec[records.K_KEY], rec[records.K_VALUE], size)
 
     def _store_text(self, msg: Message, rec: list[Any], pos: int, size: int) -> None:
         """The message's text stays in the log, in the record at ``pos``; memory keeps its location."""
         msg.rec_size = size
-        msg.stored_at(self.log_text, locate(pos, rec, rec[-1][5]))
+        msg.stored_at(self.log_text, locate(pos, rec, rec[-1][records.CONTENT]))
 
     def _apply_session_meta(self, sid: str, fields: dict[str, Any], size: int) -> None:
         """Merge a session's metadata (absent fields keep their values)."""
@@ -494,7 +488,7 @@ class Store:
             raise ProtocolError(E.BUSY, "rebuild_index is running; retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
 
-    def _commit(self, records: list[list[Any]], messages: list[Message | None] | None = None) -> None:
+    def _commit(self, recs: list[list[Any]], messages: list[Message | None] | None = None) -> None:
         """Append records durably in one write and one fsync (a batch), then apply each through
         ``_apply``, the path replay takes. ``messages``: the message of each ``w``/``u`` record, built
         already by the mutation (None for the others). Nothing is applied unless all were appended.
@@ -502,7 +496,7 @@ class Store:
         A failure the writer fully undid (nothing stored) sets ``last_error`` (health DEGRADED) only
         until the next append succeeds: a transient ENOSPC or EIO must not leave the health wrong for
         good. A failure that could not be undone (``broken``) stays until a restart."""
-        framed = [logfile.encode_record(self.salt, r) for r in records]
+        framed = [logfile.encode_record(self.salt, r) for r in recs]
         data = framed[0] if len(framed) == 1 else b"".join(framed)
         try:
             pos = self.writer.append(data, sync=not self.group_commit)
@@ -523,7 +517,7 @@ class Store:
                 LOG.info("the log accepts appends again; clearing the error of the earlier failed append")
                 self.last_error = ""
             self.transient_error = None
-        for i, (record, f) in enumerate(zip(records, framed)):
+        for i, (record, f) in enumerate(zip(recs, framed)):
             self._apply(record, pos, len(f), messages[i] if messages else None)
             pos += len(f)
 
@@ -534,32 +528,32 @@ class Store:
         first_op, mid = self.rids[rid][:2]
         if first_op != op:
             raise ProtocolError(E.VALIDATION_ERROR, "request_id was already used by a different operation")
-        if op == "d":
+        if op == records.DELETE:
             return {"status": "OK"}
         msg = self.by_id.get(mid)
         if msg is None:
             raise ProtocolError(E.NOT_FOUND, "this request was already applied, and its message has since "
                                              "been deleted")
         reply: dict[str, Any] = {"status": "OK"}
-        if op == "u":
+        if op == records.UPDATE:
             reply["changed"] = True
         reply["message"] = msg.to_dict()
         return reply
 
     def write_message(self, req: R.WriteMessage, rid: str | None = None) -> dict[str, Any]:
         self._check_writable()
-        repeat = self._repeat(rid, "w")
+        repeat = self._repeat(rid, records.WRITE)
         if repeat is not None:
             return repeat
         message_id, ts = self.clock.new_id()
         seq = self.last_seq + 1
         msg = message_from_args(message_id, req.session_id, seq, ts, req.role, req.content, req.metadata)
-        self._commit([["w", rid, msg.fields(req.content)]], [msg])
+        self._commit([records.write(rid, msg.fields(req.content))], [msg])
         return {"status": "OK", "message": msg.to_dict(req.content)}
 
     def update_message(self, req: R.UpdateMessage, rid: str | None = None) -> dict[str, Any]:
         self._check_writable()
-        repeat = self._repeat(rid, "u")
+        repeat = self._repeat(rid, records.UPDATE)
         if repeat is not None:
             return repeat
         old = self.live(req.message_id)
@@ -576,18 +570,18 @@ class Store:
         new.etype, new.tool, new.ext = old.etype, old.tool, old.ext  # an event stays the event it was
         new.revision = old.revision + 1
         new.updated_at = self.clock.now_ms()
-        self._commit([["u", rid, seq, new.fields(content)]], [new])
+        self._commit([records.update(rid, seq, new.fields(content))], [new])
         return {"status": "OK", "changed": True, "message": new.to_dict(content)}
 
     def delete_message(self, req: R.DeleteMessage, rid: str | None = None) -> dict[str, Any]:
         self._check_writable()
-        repeat = self._repeat(rid, "d")
+        repeat = self._repeat(rid, records.DELETE)
         if repeat is not None:
             return repeat
         msg = self.by_id.get(req.message_id)
         if msg is None or (req.session_id is not None and req.session_id != msg.session_id):
             return {"status": "NOT_FOUND"}
-        self._commit([["d", rid, self.last_seq + 1, msg.message_id, self.clock.now_ms()]])
+        self._commit([records.delete(rid, self.last_seq + 1, msg.message_id, self.clock.now_ms())])
         return {"status": "OK"}
 
     def import_messages(self, req: R.ImportMessages, rid: str | None = None) -> dict[str, Any]:
@@ -619,11 +613,11 @@ class Store:
             fresh.append((msg, m))
         metas = [(s.session_id, s.fields) for s in req.sessions
                  if s.fields and any(self.session_meta.get(s.session_id, {}).get(k) != v for k, v in s.fields.items())]
-        records = [["s", None, sid, fields] for sid, fields in metas]
-        records += [["w", None, msg.fields(m.content)] for msg, m in fresh]
-        records += [["k", None, c.source, c.key, c.value] for c in req.checkpoints]
-        if records:
-            self._commit(records, [None] * len(metas) + [msg for msg, _ in fresh] + [None] * len(req.checkpoints))
+        batch = [records.session(sid, fields) for sid, fields in metas]
+        batch += [records.write(None, msg.fields(m.content)) for msg, m in fresh]
+        batch += [records.ingest(c.source, c.key, c.value) for c in req.checkpoints]
+        if batch:
+            self._commit(batch, [None] * len(metas) + [msg for msg, _ in fresh] + [None] * len(req.checkpoints))
         if future:
             LOG.warning("import: %d messages carry an id or time more than %d h beyond the wall clock; stored as "
                         "they are, the clock of new writes ignores them", future, L.CLOCK_SKEW_MAX_MS // 3_600_000)
@@ -667,7 +661,7 @@ class Store:
         """Save the state for a fast next start (at a clean stop). Skipped when nothing changed."""
         if not self.snapshot_due():
             return False
-        tmp = self.snapshot_path + snapshot.TMP_SUFFIX
+        tmp = self.snapshot_path + layout.TMP_SUFFIX
         self.install_snapshot(tmp, self.write_snapshot_file(tmp))
         self.snapshot_records = self.record_count
         return True

@@ -27,11 +27,11 @@ from protocol import limits as L
 
 from .fileio import FileIO
 from .log import FRAME_SIZE
+from .records import CONTENT
 
 TEXT_LEN_BITS = 24
 _LEN_MASK = (1 << TEXT_LEN_BITS) - 1
 assert L.CONTENT_MAX_BYTES <= _LEN_MASK, "a text's length must fit its location's length bits"
-CONTENT_FIELD = 5  # the message field that holds the text (docs/format.md §3.1)
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -52,7 +52,7 @@ def locate(record_pos: int, record: list[Any], text: str) -> int:
     """The location of ``text``, the content of the message record (``w`` or ``u``: the message's
     fields are its last element) framed at ``record_pos`` in the log."""
     fields = record[-1]
-    head = len(_pack([*record[:-1], fields[:CONTENT_FIELD]])) - 1 + _array_header(len(fields))
+    head = len(_pack([*record[:-1], fields[:CONTENT]])) - 1 + _array_header(len(fields))
     n = utf8_length(text)
     return (record_pos + FRAME_SIZE + head + _str_header(n)) << TEXT_LEN_BITS | n
 

@@ -238,9 +238,10 @@ def test_search_scope_filters_and_truncation(store, book, views):
     in_turn = views.search_sessions(args("search_sessions", {**q, "within_id": turn,
                                                              "event_types": list(H.EVENT_TYPES)}))["data"]["results"]
     assert in_turn and {h["turn"]["id"] for h in in_turn} == {turn}
-    assert views.search_sessions(args("search_sessions", {"query": "no such words anywhere"}))["data"] == {
-        "result_count": 0, "limit": 10, "truncated": False, "results": [],
-        "coverage": views.search_sessions(args("search_sessions", {"query": "zzz"}))["data"]["coverage"]}
+    nothing = views.search_sessions(args("search_sessions", {"query": "no such words anywhere"}))["data"]
+    coverage = views.search_sessions(args("search_sessions", {"query": "zzz"}))["data"]["coverage"]
+    assert nothing.pop("coverage").keys() == coverage.keys()  # observed_at_unix_ms: each call's own clock
+    assert nothing == {"result_count": 0, "limit": 10, "truncated": False, "results": []}
 
 
 def test_search_japanese(store, book, views):

@@ -16,6 +16,7 @@ from protocol import errors as E
 from protocol.errors import ProtocolError
 from storaged import compaction
 from storaged import log as logfile
+from storaged import records
 from storaged.fileio import FileIO
 from storaged.salvage import salvage
 from storaged.store import Store
@@ -28,7 +29,8 @@ def record_bounds(buf: bytes) -> list[tuple[int, int]]:
     salt = logfile.parse_header(buf)
     out, pos = [], logfile.HEADER_SIZE
     result = logfile.ScanResult()
-    for _, size, _ in logfile.scan(buf, salt, pos, result):
+    for offset, size, _ in logfile.scan(buf, salt, pos, result):
+        assert offset == pos
         out.append((pos, pos + size))
         pos += size
     assert pos == len(buf) and not result.torn_tail and result.damage is None
@@ -276,6 +278,71 @@ def test_salvage_of_a_torn_tail_and_of_a_clean_log(tmp_path):
     s.close()
 
 
+# ------------------------------------------------------------------------------------- records of the wrong shape
+# Checksum fine, shape wrong (or a kind this daemon does not know): treated exactly like a bad record.
+WRONG_SHAPES = {
+    "message-of-10-fields": lambda f: ["w", None, f[:10]],
+    "content-not-a-string": lambda f: records.write(None, f[:records.CONTENT] + [123] + f[records.CONTENT + 1:]),
+    "delete-seq-a-string": lambda f: ["d", None, "7", f[records.MESSAGE_ID], 0],
+    "unknown-tag": lambda f: ["z", None, "a record of a newer daemon"],
+}
+
+
+def shaped_store(tmp_path, shape: str, at: int | None, n: int = 6):
+    """A log of ``n`` writes with a well-checksummed record of the wrong ``shape`` spliced in before
+    record ``at`` (None: at the end). Returns (dir, the log's bytes, (start, end) of the bad record,
+    the states after each good record, the good log's bytes)."""
+    d = str(tmp_path / "data")
+    s = Store.open(d)
+    states = [{}]
+    for i in range(n):
+        write(s, "s", f"message number {i}", tags=[f"t{i}"])
+        states.append(live_state(s))
+    fields = next(iter(s.by_id.values())).fields()
+    s.close()
+    path = os.path.join(d, "log")
+    good = open(path, "rb").read()
+    salt = logfile.parse_header(good)
+    bad = logfile.encode_record(salt, WRONG_SHAPES[shape](fields))
+    pos = record_bounds(good)[at][0] if at is not None else len(good)
+    data = good[:pos] + bad + good[pos:]
+    put_log(d, data)
+    return d, data, (pos, pos + len(bad)), states, good
+
+
+@pytest.mark.parametrize("shape", sorted(WRONG_SHAPES))
+def test_a_record_of_the_wrong_shape_mid_log_degrades(tmp_path, shape):
+    d, data, (a, b), states, _ = shaped_store(tmp_path, shape, at=3)
+    s = Store.open(d)
+    h = s.health()
+    assert h["status"] == "DEGRADED" and f"{a}-{b}" in h["last_error"]
+    assert live_state(s) == states[3]  # served: the records before it
+    assert read(s, session_id="s")["history"] == list(states[3].values())
+    assert err(write, s, "s", "new").code == E.CORRUPT_STORE
+    s.close()
+    assert open(os.path.join(d, "log"), "rb").read() == data  # not touched
+
+
+@pytest.mark.parametrize("shape", sorted(WRONG_SHAPES))
+def test_a_record_of_the_wrong_shape_at_the_end_is_a_torn_tail(tmp_path, shape):
+    d, data, (a, b), states, good = shaped_store(tmp_path, shape, at=None)
+    s = Store.open(d)
+    assert s.recovered_tail and s.health()["status"] == "OK" and live_state(s) == states[-1]
+    assert os.path.getsize(os.path.join(d, "log")) == a == len(good)
+    write(s, "s", "after the cut")
+    s.close()
+
+
+@pytest.mark.parametrize("shape", sorted(WRONG_SHAPES))
+def test_salvage_skips_a_record_of_the_wrong_shape_and_keeps_every_other(tmp_path, shape):
+    d, data, (a, b), states, _ = shaped_store(tmp_path, shape, at=2)
+    report = salvage(d)
+    assert report["damaged_ranges"] == [[a, b]] and report["records_recovered"] == len(states) - 1
+    s = Store.open(d)
+    assert s.health()["status"] == "OK" and live_state(s) == states[-1]
+    s.close()
+
+
 # ------------------------------------------------------------------------------------- snapshots
 def make_snapshotted(d: str):
     s = Store.open(d)
@@ -418,7 +485,8 @@ def test_leftover_temporary_files_are_removed(tmp_path):
     s = busy_store(d)
     state = live_state(s)
     s.close()
-    leftovers = ["log.compact", "snapshot.tmp", "cursor.key.tmp"]
+    leftovers = ["log.compact", "log.new", "snapshot.tmp", "snapshot.bg.tmp", "cursor.key.tmp",
+                 "log.damaged-20260101T000000.tmp"]
     for name in leftovers:
         with open(os.path.join(d, name), "wb") as f:
             f.write(b"half-written garbage" * 100)
@@ -481,7 +549,7 @@ def test_a_log_inside_a_message_is_not_a_record(tmp_path, same_salt):
 
 def test_frame_checksum_covers_length_and_salt():
     salt = b"s" * 16
-    framed = logfile.frame(salt, b"\x93\xa1w\xc0\x90")
+    framed = logfile.frame(salt, msgpack.packb(records.delete(None, 1, "m", 0)))
     length, crc = struct.unpack_from("<II", framed)
     assert crc == zlib.crc32(framed[8:], zlib.crc32(framed[:4], zlib.crc32(salt)))
     buf = logfile.make_header(salt) + framed
