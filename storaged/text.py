@@ -10,7 +10,9 @@ The offset of the text inside a record follows from the record itself: msgpack p
 header then its elements, each in the shortest form, so the bytes before field 5 (``content``) of a
 ``w``/``u`` record are the packing of the elements before it, which ``locate`` measures by packing
 them (a few dozen bytes) rather than the whole text. ``tests/unit/test_text.py`` checks the
-location against the bytes for texts at every msgpack header boundary.
+location against the bytes for texts at every msgpack header boundary, and every read checks the str
+header in front of the text, so a wrong location fails (EIO, answered IO_ERROR) instead of returning
+other bytes.
 
 A location is valid for the log file it was taken in. A compaction writes a new log: it computes the
 new locations as it writes and ``LogText.switch`` moves the reader to the new file in the same step
@@ -36,8 +38,15 @@ assert L.CONTENT_MAX_BYTES <= _LEN_MASK, "a text's length must fit its location'
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
-def _str_header(n: int) -> int:
-    return 1 if n < 32 else 2 if n < 256 else 3 if n < 65536 else 5
+def _str_head(n: int) -> bytes:
+    """msgpack's shortest str header for ``n`` bytes (fixstr, str8, str16, str32)."""
+    if n < 32:
+        return bytes((0xA0 | n,))
+    if n < 256:
+        return b"\xd9" + n.to_bytes(1, "big")
+    if n < 65536:
+        return b"\xda" + n.to_bytes(2, "big")
+    return b"\xdb" + n.to_bytes(4, "big")
 
 
 def _array_header(n: int) -> int:
@@ -54,7 +63,7 @@ def locate(record_pos: int, record: list[Any], text: str) -> int:
     fields = record[-1]
     head = len(_pack([*record[:-1], fields[:CONTENT]])) - 1 + _array_header(len(fields))
     n = utf8_length(text)
-    return (record_pos + FRAME_SIZE + head + _str_header(n)) << TEXT_LEN_BITS | n
+    return (record_pos + FRAME_SIZE + head + len(_str_head(n))) << TEXT_LEN_BITS | n
 
 
 def span(loc: int) -> tuple[int, int]:
@@ -85,13 +94,17 @@ class LogText:
         return self.read_utf8(loc).decode("utf-8")
 
     def read_utf8(self, loc: int) -> bytes:
+        """The text's bytes, read with the msgpack str header in front of them, which must be the
+        one its length packs to: a location that does not point at a text fails, never returns other
+        bytes."""
         if self.fd is None:
             raise OSError(errno.EBADF, "the log is not open for reading")
         offset, length = span(loc)
-        data = self.io.pread(self.fd, length, offset)
-        if len(data) != length:
-            raise OSError(errno.EIO, f"the log ends before the message text at byte {offset}")
-        return data
+        head = _str_head(length)
+        data = self.io.pread(self.fd, len(head) + length, offset - len(head))
+        if len(data) != len(head) + length or not data.startswith(head):
+            raise OSError(errno.EIO, f"no message text of {length} bytes at byte {offset} of the log")
+        return data[len(head):]
 
     def close(self) -> None:
         if self.fd is not None:

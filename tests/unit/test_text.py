@@ -113,3 +113,21 @@ def test_an_older_snapshot_is_replaced_by_a_current_one_at_the_first_start(tmp_p
     assert store.snapshot_valid and store.snapshot_pos == store.log_size()
     assert _texts_of(store) == expected
     store.close()
+
+
+def test_a_location_that_points_elsewhere_fails_to_read_instead_of_returning_other_bytes(tmp_path):
+    import errno
+
+    d = str(tmp_path)
+    store = Store.open(d)
+    a = store.by_id[write(store, "s", "first text " * 10)["message"]["message_id"]]
+    b = store.by_id[write(store, "s", "second")["message"]["message_id"]]
+    offset, length = span(a.text)
+    a.text = (offset + 1) << 24 | length  # one byte off: the str header no longer precedes it
+    with pytest.raises(OSError) as exc:
+        a.content
+    assert exc.value.errno == errno.EIO
+    b.text = span(b.text)[0] << 24 | (span(b.text)[1] + 1)  # a length the header does not say
+    with pytest.raises(OSError):
+        b.content
+    store.close()
