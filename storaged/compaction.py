@@ -148,7 +148,7 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
         store.writer.close()
         store.writer = None
     store.salt = p.salt
-    store.log_text.switch(text_fd)
+    store.log_text.switch(text_fd, p.salt)
     for m, size, loc in zip(store.by_seq.values(), p.rec_sizes, p.text_locs):
         m.rec_size = size
         m.stored_at(store.log_text, loc)

@@ -68,7 +68,7 @@ def encode_record(salt: bytes, record: list[Any]) -> bytes:
     return frame(salt, msgpack.packb(record, use_bin_type=True))
 
 
-def _record_at(buf, salt_crc: int, pos: int, end: int):
+def record_at(buf, salt_crc: int, pos: int, end: int):
     """The payload view of a record at ``pos`` whose frame and checksum hold, or None."""
     if pos + FRAME_SIZE > end:
         return None
@@ -86,7 +86,7 @@ def _valid_at(buf, salt_crc: int, pos: int, end: int):
     in-order scan and of the resync. Valid means the frame and checksum hold, the payload decodes,
     and ``records.check`` accepts its shape (an unknown tag or a wrong shape is damage, not a
     record to skip or to apply half-way)."""
-    payload = _record_at(buf, salt_crc, pos, end)
+    payload = record_at(buf, salt_crc, pos, end)
     if payload is None:
         return None
     try:

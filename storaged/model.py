@@ -64,12 +64,12 @@ class Message:
     @property
     def content(self) -> str:
         text = self.text
-        return text if text.__class__ is str else self.src.read(text)
+        return text if text.__class__ is str else self.src.read(text, self.rec_size)
 
     def utf8(self) -> bytes:
         """The text's UTF-8 bytes (read as they are stored, without a decode and encode)."""
         text = self.text
-        return text.encode("utf-8") if text.__class__ is str else self.src.read_utf8(text)
+        return text.encode("utf-8") if text.__class__ is str else self.src.read_utf8(text, self.rec_size)
 
     def utf8_length(self) -> int:
         """Bytes of the text's UTF-8, known without reading it."""

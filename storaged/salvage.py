@@ -18,13 +18,15 @@ from .store import Store
 def salvage(data_dir: str, io: FileIO | None = None) -> dict[str, Any]:
     io = io or FileIO()
     store = Store.open(data_dir, io, salvage=True)
-    if not store.salt:
-        raise RuntimeError("the log header is unreadable, so no record can be verified; nothing was changed")
-    damaged = os.path.join(store.dir, layout.damaged_copy_name(time.time()))
-    io.write_file_atomic(damaged, bytes(io.read_all(store.log_path)))
-    scan = store.scan_result
-    result = compaction.rebuild(store)
-    store.close()
+    try:
+        if not store.salt:
+            raise RuntimeError("the log header is unreadable, so no record can be verified; nothing was changed")
+        damaged = os.path.join(store.dir, layout.damaged_copy_name(time.time()))
+        io.write_file_atomic(damaged, bytes(io.read_all(store.log_path)))
+        scan = store.scan_result
+        result = compaction.rebuild(store)
+    finally:
+        store.close()
     return {
         "damaged_copy": damaged,
         "records_recovered": scan.records,

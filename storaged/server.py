@@ -42,6 +42,7 @@ from protocol.history import HistoryError
 
 from . import compaction, datadir, layout, views
 from .history import HistoryViews
+from .text import TextDamaged
 from .history import handlers as history_handlers
 from .store import Store
 
@@ -403,6 +404,9 @@ class Server:
         except ProtocolError as exc:
             reply = exc.reply()
             return H.from_memory_error(reply) if op in H.HISTORY_TOOLS else reply
+        except TextDamaged:  # the store is marked damaged (health DEGRADED); this read fails
+            reply = error_reply(E.CORRUPT_STORE, "a message's record in the log is damaged; run "
+                                                 "`convmem-storaged --salvage` to repair the log")
         except OSError as exc:  # message text is read from the log: a failing disk fails the read, not the daemon
             LOG.error("I/O error while handling a request: %s", exc)
             reply = error_reply(E.IO_ERROR, f"the store could not read the log ({exc.strerror or exc})")
@@ -482,6 +486,9 @@ class Server:
             self.rebuild_outcome = ("ok", compaction.prepare(self.store, pause))
         except RebuildCancelled:
             self.rebuild_outcome = ("cancelled", None)
+        except TextDamaged as exc:
+            self.rebuild_outcome = ("error", error_reply(E.CORRUPT_STORE, f"rebuild stopped: {exc.strerror}; "
+                                                                          f"the store is unchanged, run --salvage"))
         except OSError as exc:
             self.rebuild_outcome = ("error", error_reply(E.IO_ERROR, f"rebuild failed writing its files "
                                                                      f"({exc.strerror or 'I/O error'}); the store is unchanged"))

@@ -85,7 +85,8 @@ class Store:
         self.relations = RelationIndex()
         self.touches = TouchIndex()
         self.search = SearchIndex()
-        self.log_text = LogText(self.io)   # message text is read back from the log by offset
+        # message text is read back from the log by position; a record found damaged then is damage
+        self.log_text = LogText(self.io, on_damage=self._text_damaged)
         self.clock = IdClock()
         # request id -> (op, message id, revision, ms the daemon saw it), oldest first
         self.rids: OrderedDict[str, tuple[str, str, int, int]] = OrderedDict()
@@ -145,11 +146,10 @@ class Store:
             return
         if not io.exists(self.log_path):
             self.writer = logfile.LogWriter.create(io, self.log_path)
-            self.log_text.open(self.log_path)
+            self.log_text.open(self.log_path, self.writer.salt)
             self.salt = self.writer.salt
             self.record_count = 0
             return
-        self.log_text.open(self.log_path)
         buf = io.read_all(self.log_path)
         try:
             self._replay(buf, salvage)
@@ -174,8 +174,9 @@ class Store:
             self._set_corrupt(f"{exc}; bytes 0-{min(len(buf), logfile.HEADER_SIZE)} of the log; nothing could be read")
             return
         self.salt = salt
+        self.log_text.open(self.log_path, salt)
         start = logfile.HEADER_SIZE
-        if self.io.exists(self.snapshot_path):
+        if self.io.exists(self.snapshot_path) and not salvage:  # a salvage checks every record
             start = self._load_snapshot(salt, len(buf))
         result = self.scan_result = logfile.ScanResult()
         for pos, size, record in logfile.scan(buf, salt, start, result, resync=salvage):
@@ -227,6 +228,7 @@ class Store:
             LOG.warning("the snapshot could not be rewritten in the current format (%s)", exc.strerror or exc)
             return
         self.snapshot_outdated = False
+        self.snapshot_valid = True
         LOG.info("the snapshot was rewritten in format %d", snapshot.VERSION)
 
     def _load_snapshot(self, salt: bytes, log_size: int) -> int:
@@ -239,6 +241,7 @@ class Store:
             LOG.warning("the snapshot is of an earlier format (%s): replaying the whole log once; a snapshot "
                         "of the current format is written right after", exc)
             self.snapshot_outdated = True
+            self.snapshot_valid = False  # until _migrate_snapshot replaces it
             return logfile.HEADER_SIZE
         except (snapshot.SnapshotInvalid, ValueError, KeyError, TypeError) as exc:
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
@@ -273,6 +276,14 @@ class Store:
         self.snapshot_pos = meta["log_pos"]
         self.snapshot_records = self.record_count
         return meta["log_pos"]
+
+    def _text_damaged(self, pos: int, size: int) -> None:
+        """A message's record failed its checksum when its text was read (bit rot since the start, or
+        before the snapshot's position, which no start re-reads): damage, as if found at start."""
+        if self.corrupt is None:
+            self._set_corrupt(f"log damaged at bytes {pos}-{pos + size} (a message's record failed its checksum "
+                              f"when read); mutations are refused until `convmem-storaged --salvage` repairs the log")
+            LOG.error("%s", self.last_error)
 
     def _set_corrupt(self, message: str) -> None:
         self.corrupt = message

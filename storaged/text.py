@@ -1,38 +1,46 @@
-"""Message text on disk: read back by offset from the log, never kept in memory.
+"""Message text on disk: read back from the log by position, checked, never kept in memory.
 
 The log already holds every message's text, inside the msgpack payload of the record that wrote its
 current state, as the raw UTF-8 bytes of a msgpack str. So memory keeps only where those bytes are:
-one int per message, ``offset << TEXT_LEN_BITS | length`` (a *text location*), and a read is one
-``pread`` and a UTF-8 decode. Tool outputs of up to 64 KB are most of an agent transcript's bytes;
-holding them on the heap made memory grow 4-5× faster than the text.
+one int per message (a *text location*: the record's position in the log, the text's offset inside
+the framed record, and its length), and a read is one ``pread`` of the record. Tool outputs of up to
+64 KB are most of an agent transcript's bytes; holding them on the heap made memory grow 4-5× faster
+than the text.
+
+Every read verifies the record's frame and salted checksum, as the scan at start does, and the msgpack
+str header in front of the text: bytes that rotted on disk after the start (or before the snapshot's
+position, which a start does not re-read) are never served, nor copied into a compacted log under a
+fresh checksum. A failed check raises ``TextDamaged`` (EIO, answered IO_ERROR) and tells the store,
+which then refuses mutations as for damage found at start, until ``--salvage`` repairs the log.
 
 The offset of the text inside a record follows from the record itself: msgpack packs an array as its
 header then its elements, each in the shortest form, so the bytes before field 5 (``content``) of a
 ``w``/``u`` record are the packing of the elements before it, which ``locate`` measures by packing
 them (a few dozen bytes) rather than the whole text. ``tests/unit/test_text.py`` checks the
-location against the bytes for texts at every msgpack header boundary, and every read checks the str
-header in front of the text, so a wrong location fails (EIO, answered IO_ERROR) instead of returning
-other bytes.
+location against the bytes for texts at every msgpack header boundary.
 
 A location is valid for the log file it was taken in. A compaction writes a new log: it computes the
-new locations as it writes and ``LogText.switch`` moves the reader to the new file in the same step
-as the store takes them (``storaged/compaction.py``).
+new locations as it writes and ``LogText.switch`` moves the reader to the new file (and its salt) in
+the same step as the store takes them (``storaged/compaction.py``).
 """
 from __future__ import annotations
 
 import errno
-from typing import Any
+import zlib
+from typing import Any, Callable
 
 import msgpack
 
 from protocol import limits as L
 
 from .fileio import FileIO
-from .log import FRAME_SIZE
+from .log import FRAME_SIZE, record_at
 from .records import CONTENT
 
-TEXT_LEN_BITS = 24
+TEXT_LEN_BITS = 24        # the text's length in bytes
+TEXT_OFF_BITS = 16        # the text's offset inside its framed record
 _LEN_MASK = (1 << TEXT_LEN_BITS) - 1
+_OFF_MASK = (1 << TEXT_OFF_BITS) - 1
 assert L.CONTENT_MAX_BYTES <= _LEN_MASK, "a text's length must fit its location's length bits"
 
 _pack = msgpack.Packer(use_bin_type=True).pack
@@ -61,50 +69,67 @@ def locate(record_pos: int, record: list[Any], text: str) -> int:
     """The location of ``text``, the content of the message record (``w`` or ``u``: the message's
     fields are its last element) framed at ``record_pos`` in the log."""
     fields = record[-1]
-    head = len(_pack([*record[:-1], fields[:CONTENT]])) - 1 + _array_header(len(fields))
     n = utf8_length(text)
-    return (record_pos + FRAME_SIZE + head + len(_str_head(n))) << TEXT_LEN_BITS | n
+    off = (FRAME_SIZE + len(_pack([*record[:-1], fields[:CONTENT]])) - 1 + _array_header(len(fields))
+           + len(_str_head(n)))
+    if off > _OFF_MASK:  # ids and session ids are bounded far below this (protocol.limits)
+        raise ValueError("the fields before a message's text are too long to locate it")
+    return ((record_pos << TEXT_OFF_BITS) | off) << TEXT_LEN_BITS | n
 
 
 def span(loc: int) -> tuple[int, int]:
-    """(file offset, byte length) of a location."""
-    return loc >> TEXT_LEN_BITS, loc & _LEN_MASK
+    """(file offset, byte length) of a location's text."""
+    head = loc >> TEXT_LEN_BITS
+    return (head >> TEXT_OFF_BITS) + (head & _OFF_MASK), loc & _LEN_MASK
+
+
+class TextDamaged(OSError):
+    """A message's record no longer passes its checksum (or its text is not where it was)."""
 
 
 class LogText:
     """Reads message text from one log file by location. One per store; every stored message points
     at it, so a compaction moves every message to the new file by switching this one reader."""
 
-    __slots__ = ("io", "fd")
+    __slots__ = ("io", "fd", "salt_crc", "on_damage")
 
-    def __init__(self, io: FileIO) -> None:
+    def __init__(self, io: FileIO, on_damage: Callable[[int, int], None] | None = None) -> None:
         self.io = io
         self.fd: int | None = None
+        self.salt_crc = 0
+        self.on_damage = on_damage  # (record position, record size) of a record that failed a check
 
-    def open(self, path: str) -> None:
-        self.switch(self.io.open_read(path))
+    def open(self, path: str, salt: bytes) -> None:
+        self.switch(self.io.open_read(path), salt)
 
-    def switch(self, fd: int) -> None:
-        """Read from ``fd`` from now on (the old file's descriptor is closed)."""
-        old, self.fd = self.fd, fd
+    def switch(self, fd: int, salt: bytes) -> None:
+        """Read from ``fd``, a log with ``salt``, from now on (the old descriptor is closed)."""
+        old, self.fd, self.salt_crc = self.fd, fd, zlib.crc32(salt)
         if old is not None:
             self.io.close(old)
 
-    def read(self, loc: int) -> str:
-        return self.read_utf8(loc).decode("utf-8")
+    def read(self, loc: int, rec_size: int) -> str:
+        try:
+            return self.read_utf8(loc, rec_size).decode("utf-8")
+        except UnicodeDecodeError:  # cannot pass the checks below; kept an I/O error all the same
+            raise TextDamaged(errno.EIO, "a message text in the log is not UTF-8") from None
 
-    def read_utf8(self, loc: int) -> bytes:
-        """The text's bytes, read with the msgpack str header in front of them, which must be the
-        one its length packs to: a location that does not point at a text fails, never returns other
-        bytes."""
+    def read_utf8(self, loc: int, rec_size: int) -> bytes:
+        """The text's bytes, from its record (``rec_size`` framed bytes) once its frame, salted
+        checksum and the str header in front of the text are verified."""
         if self.fd is None:
             raise OSError(errno.EBADF, "the log is not open for reading")
-        offset, length = span(loc)
-        head = _str_head(length)
-        data = self.io.pread(self.fd, len(head) + length, offset - len(head))
-        if len(data) != len(head) + length or not data.startswith(head):
-            raise OSError(errno.EIO, f"no message text of {length} bytes at byte {offset} of the log")
-        return data[len(head):]
+        head, length = loc >> TEXT_LEN_BITS, loc & _LEN_MASK
+        pos, off = head >> TEXT_OFF_BITS, head & _OFF_MASK
+        data = self.io.pread(self.fd, rec_size, pos)
+        str_head = _str_head(length)
+        payload = record_at(data, self.salt_crc, 0, len(data))
+        if (payload is None or len(payload) != rec_size - FRAME_SIZE or off + length > rec_size
+                or data[off - len(str_head):off] != str_head):
+            if self.on_damage is not None:
+                self.on_damage(pos, rec_size)
+            raise TextDamaged(errno.EIO, f"the log record at byte {pos} holding a message text is damaged")
+        return data[off:off + length]
 
     def close(self) -> None:
         if self.fd is not None:

@@ -101,7 +101,8 @@ def substitutions(rec: list):
             yield f"c rid[{j}] not a list", _with(rec, (4, j), "x"), False
     if tag in "sk" and isinstance(rec[-1], dict):
         at = 3 if tag == "s" else 4
-        yield f"{tag} map key not str", _with(rec, (at,), {1: "x"}), False
+        # a session's fields are validated names; a checkpoint value is any map the wire carried
+        yield f"{tag} map key not str", _with(rec, (at,), {1: "x"}), tag == "k"
         if tag == "s":
             for v in PALETTE:
                 yield f"s map value {v!r}", _with(rec, (at,), {"title": v}), allowed((str, N), v)
@@ -234,3 +235,23 @@ def test_payloads_that_are_not_msgpack_arrays_are_refused_by_the_scan():
         buf = logfile.make_header(SALT) + logfile.frame(SALT, payload)
         result = logfile.ScanResult()
         assert list(logfile.scan(buf, SALT, logfile.HEADER_SIZE, result)) == [] and result.torn_tail
+
+
+def test_what_the_wire_accepts_in_a_checkpoint_is_never_damage_later(tmp_path):
+    """A checkpoint value may have keys of any msgpack type (the validator takes any object): the
+    record a daemon acknowledged must read back at the next start, last in the log or not."""
+    from protocol.validation import validate
+    from storaged.store import Store
+
+    assert records.check(records.ingest("src", "k", {b"pos": 1, 7: "x"})) is None
+    d = str(tmp_path)
+    store = Store.open(d)
+    req = validate("import_messages", {"messages": [], "checkpoints": [
+        {"source": "claude", "key": "/a.jsonl", "value": {b"pos": 1, "events": 2}}]})
+    assert store.import_messages(req)["status"] == "OK"
+    size = store.log_size()
+    store.close()
+    store = Store.open(d)
+    assert (store.log_size(), store.recovered_tail, store.corrupt) == (size, False, None)
+    assert store.ingest.checkpoints[("claude", "/a.jsonl")] == {b"pos": 1, "events": 2}
+    store.close()

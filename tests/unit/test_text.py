@@ -12,7 +12,7 @@ from storaged import compaction
 from storaged import log as logfile
 from storaged import snapshot
 from storaged.store import Store
-from storaged.text import locate, span
+from storaged.text import TEXT_LEN_BITS, locate, span
 from tests.support.faultio import delete, read, update, write
 
 # lengths on each side of msgpack's str header sizes (1, 2, 3 and 5 bytes)
@@ -122,12 +122,52 @@ def test_a_location_that_points_elsewhere_fails_to_read_instead_of_returning_oth
     store = Store.open(d)
     a = store.by_id[write(store, "s", "first text " * 10)["message"]["message_id"]]
     b = store.by_id[write(store, "s", "second")["message"]["message_id"]]
-    offset, length = span(a.text)
-    a.text = (offset + 1) << 24 | length  # one byte off: the str header no longer precedes it
+    a.text += 1 << TEXT_LEN_BITS  # one byte further into the record: the str header no longer precedes it
     with pytest.raises(OSError) as exc:
         a.content
     assert exc.value.errno == errno.EIO
-    b.text = span(b.text)[0] << 24 | (span(b.text)[1] + 1)  # a length the header does not say
+    b.text += 1  # a length the header does not say
     with pytest.raises(OSError):
         b.content
+    store.close()
+
+
+def test_bit_rot_before_the_snapshot_is_found_when_read_never_served_nor_copied(tmp_path):
+    """A start with a snapshot does not re-read the log before the snapshot's position: a text that
+    rots there is caught by the record's checksum when read, the store turns read-only (as for damage
+    found at start), a rebuild refuses to copy it under a fresh checksum, and salvage repairs the log."""
+    from storaged.salvage import salvage
+    from storaged.text import TextDamaged
+
+    d = str(tmp_path)
+    store = Store.open(d)
+    ids = [write(store, "s", f"text number {i} " * 20)["message"]["message_id"] for i in range(20)]
+    victim = ids[7]
+    offset, length = span(store.by_id[victim].text)
+    store.write_snapshot()
+    store.close()
+    with open(os.path.join(d, "log"), "r+b") as f:
+        f.seek(offset + 3)
+        byte = f.read(1)
+        f.seek(offset + 3)
+        f.write(bytes((byte[0] ^ 0x01,)))  # still ASCII, still UTF-8: only the checksum can tell
+
+    store = Store.open(d)
+    assert store.snapshot_valid and store.corrupt is None  # the start did not look there
+    assert store.by_id[ids[8]].content == "text number 8 " * 20
+    with pytest.raises(TextDamaged):
+        store.by_id[victim].content
+    assert store.corrupt and "salvage" in store.last_error and store.health()["status"] == "DEGRADED"
+    size = store.log_size()
+    store.corrupt = None  # even if a rebuild were let through, it must not bless the rotten record
+    with pytest.raises(TextDamaged):
+        compaction.rebuild(store)
+    assert store.log_size() == size and not os.path.exists(os.path.join(d, "log.compact"))
+    store.close()
+
+    result = salvage(d)
+    assert result["damaged_ranges"] and result["messages"] == 19
+    store = Store.open(d)
+    assert store.corrupt is None and victim not in store.by_id
+    assert all(store.by_id[m].content == f"text number {i} " * 20 for i, m in enumerate(ids) if m != victim)
     store.close()
