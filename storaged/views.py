@@ -44,8 +44,10 @@ def text_json_bytes(s: str) -> int:
     return base + 2 + extra
 
 
-def message_json_bytes(m: Message) -> int:
-    n = _MESSAGE_OVERHEAD + text_json_bytes(m.content) + len(m.session_id.encode("utf-8")) * 2
+def message_json_bytes(m: Message, content: str) -> int:
+    """The JSON size of ``m`` as a reply carries it; ``content``: its text, as the reply's dict holds it
+    (the text is read from the log once per message, for both)."""
+    n = _MESSAGE_OVERHEAD + text_json_bytes(content) + len(m.session_id.encode("utf-8")) * 2
     if m.summary is not None:
         n += text_json_bytes(m.summary)
     if m.tool_call_id is not None:
@@ -72,10 +74,11 @@ def history(store: Store, a: R.ReadHistory) -> dict[str, Any]:
     used = 0
     while i < len(seqs) and len(out) < a.limit:
         msg = store.by_seq[seqs[i]]
-        size = message_json_bytes(msg)
+        d = msg.to_dict()
+        size = message_json_bytes(msg, d["content"])
         if out and used + size > L.RESPONSE_BUDGET_BYTES:
             break
-        out.append(msg.to_dict())
+        out.append(d)
         used += size
         i += 1
     reply: dict[str, Any] = {"history": out}
@@ -132,15 +135,16 @@ def context(store: Store, a: R.ReadContext) -> dict[str, Any]:
     budget = _Budget()
     truncated = False
     reply_msg = msg.to_dict()
-    budget.take(message_json_bytes(msg))
+    budget.take(message_json_bytes(msg, reply_msg["content"]))
     chrono: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     for side, seqs in (("before", before_seqs), ("after", after_seqs)):
         for seq in seqs:
             m = store.by_seq[seq]
-            if not budget.take(message_json_bytes(m)):
+            d = m.to_dict()
+            if not budget.take(message_json_bytes(m, d["content"])):
                 truncated = True
                 break
-            chrono[side].append(m.to_dict())
+            chrono[side].append(d)
     relations: list[dict[str, Any]] = []
     if not truncated:
         truncated = _traverse(store, msg, a.relation_depth, frozenset(a.relation_types), budget, relations)
@@ -193,7 +197,8 @@ def _traverse(store: Store, root: Message, depth_max: int, types: frozenset[str]
                 if other is None:
                     size = 120
                 else:
-                    size = message_json_bytes(other) + 60
+                    other_dict = other.to_dict()
+                    size = message_json_bytes(other, other_dict["content"]) + 60
                 if not budget.take(size):
                     return True
                 seen.add(other_id)
@@ -201,7 +206,7 @@ def _traverse(store: Store, root: Message, depth_max: int, types: frozenset[str]
                     entry["message_id"] = other_id
                     entry["status"] = "deleted"
                 else:
-                    entry["message"] = other.to_dict()
+                    entry["message"] = other_dict
                     nxt.append(other)
                 out.append(entry)
         frontier = nxt
@@ -355,22 +360,17 @@ def search_messages(store: Store, a: R.SearchMessages) -> dict[str, Any]:
         item["score_breakdown"] = breakdown
         item["matched_fields"] = [f for f in L.SEARCH_SCORE_PARTS if breakdown[f] > 0]
         item["relation_count"] = len(msg.relations) + len(store.relations.incoming_of(msg.message_id))
-        size = message_json_bytes(msg) + 200
+        size = message_json_bytes(msg, item["content"]) + 200
         if a.context_size > 0:
             preview = _neighbours(store, msg, a.context_size)
             item["context_preview"] = preview
-            size += sum(message_json_bytes(by_seq_msg) for by_seq_msg in _preview_msgs(store, preview))
+            size += sum(message_json_bytes(store.by_id[d["message_id"]], d["content"])
+                        for side in ("before", "after") for d in preview[side])
         if results and used + size > L.RESPONSE_BUDGET_BYTES:
             break
         results.append(item)
         used += size
     return {"results": results}
-
-
-def _preview_msgs(store: Store, preview: dict[str, list[dict[str, Any]]]):
-    for side in ("before", "after"):
-        for d in preview[side]:
-            yield store.by_id[d["message_id"]]
 
 
 # -- export (the admin tool's full read) --------------------------------------------------------------
@@ -397,7 +397,7 @@ def export_messages(store: Store, a: R.ExportMessages) -> dict[str, Any]:
         event = m.event_fields()
         if event is not None:
             item["event"] = event
-        size = message_json_bytes(m) + 200
+        size = message_json_bytes(m, item["content"]) + 200
         if out and used + size > L.RESPONSE_BUDGET_BYTES:
             last = out[-1]["_seq"]
             break
