@@ -207,8 +207,7 @@ def message_from_args(message_id: str, session_id: str, seq: int, ts: int, role:
         if tool is not None:
             tool = intern(tool)
         if event.is_error is not None or event.exit_code is not None or event.model is not None or event.files:
-            model = intern(event.model) if event.model is not None else None
-            ext = (event.is_error, event.exit_code, model, tuple(event.files))
+            ext = _shared_ext(event.is_error, event.exit_code, event.model, tuple(event.files))
     return Message(message_id, session_id, seq, ts, role, content, 1, ts, md.tool_call_id, tuple(md.tags),
                    md.tier, md.kind, md.importance, md.summary, tuple(md.relations), tuple(md.source_ids), 0,
                    etype, tool, ext)
@@ -225,5 +224,22 @@ def _ext_from(raw: list[Any] | None) -> tuple | None:
     if raw is None:
         return None
     is_error, exit_code, model, files = raw
-    return (is_error, exit_code, intern(model) if model is not None else None,
-            tuple((f[0], f[1], f[2], f[3], intern(f[4])) for f in files))
+    return _shared_ext(is_error, exit_code, model, tuple((f[0], f[1], f[2], f[3], intern(f[4])) for f in files))
+
+
+_EXTS: dict[tuple, tuple] = {}
+_EXTS_MAX = 4096
+
+
+def _shared_ext(is_error: bool | None, exit_code: int | None, model: str | None, files: tuple) -> tuple:
+    """The ext tuple, shared between the messages that have the same one: most tool results of a
+    transcript have the same error flag, exit code and model and no files (72 bytes each otherwise)."""
+    model = intern(model) if model is not None else None
+    ext = (is_error, exit_code, model, files)
+    if files:
+        return ext
+    key = (type(is_error), type(exit_code), ext)  # False == 0 and 1 == True: never share across types
+    shared = _EXTS.get(key)
+    if shared is None and len(_EXTS) < _EXTS_MAX:
+        shared = _EXTS[key] = ext
+    return shared or ext
