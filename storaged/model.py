@@ -17,7 +17,7 @@ from protocol.history import FILE_FIELDS, ROLE_EVENT_TYPE
 from protocol.requests import Event, Metadata
 
 from .records import RECORD_FIELDS
-from .text import LogText, span, utf8_length
+from .text import LogText, location_from_parts, location_parts, span, utf8_length
 
 
 class Message:
@@ -93,14 +93,16 @@ class Message:
         ]
 
     def row(self, loc: int | None = None, rec_size: int | None = None) -> list[Any]:
-        """The snapshot form: the record form with the text's location in place of the text, then
-        the record's size (a compaction gives the new log's; by default the current ones)."""
-        return [*self.fields(self.text if loc is None else loc), self.rec_size if rec_size is None else rec_size]
+        """The snapshot form: the record form with the text's location (``location_parts``) in place of
+        the text, then the record's size (a compaction gives the new log's; by default the current ones)."""
+        return [*self.fields(location_parts(self.text if loc is None else loc)),
+                self.rec_size if rec_size is None else rec_size]
 
     @classmethod
     def from_row(cls, row: list[Any], src: LogText) -> "Message":
         """From a snapshot row (``row``): the text stays where the row says it is."""
         msg = cls.from_fields(row, row[RECORD_FIELDS])
+        msg.text = location_from_parts(msg.text)
         msg.src = src
         return msg
 

@@ -77,6 +77,18 @@ def locate(record_pos: int, record: list[Any], text: str) -> int:
     return ((record_pos << TEXT_OFF_BITS) | off) << TEXT_LEN_BITS | n
 
 
+def location_parts(loc: int) -> list[int]:
+    """[record position, text offset in the record, text length]: a location as the snapshot stores it
+    (a location of a log beyond 16 MiB needs more than msgpack's 64-bit ints)."""
+    head = loc >> TEXT_LEN_BITS
+    return [head >> TEXT_OFF_BITS, head & _OFF_MASK, loc & _LEN_MASK]
+
+
+def location_from_parts(parts: list[int]) -> int:
+    pos, off, length = parts
+    return ((pos << TEXT_OFF_BITS) | off) << TEXT_LEN_BITS | length
+
+
 def span(loc: int) -> tuple[int, int]:
     """(file offset, byte length) of a location's text."""
     head = loc >> TEXT_LEN_BITS

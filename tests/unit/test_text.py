@@ -171,3 +171,46 @@ def test_bit_rot_before_the_snapshot_is_found_when_read_never_served_nor_copied(
     assert store.corrupt is None and victim not in store.by_id
     assert all(store.by_id[m].content == f"text number {i} " * 20 for i, m in enumerate(ids) if m != victim)
     store.close()
+
+
+def test_locations_in_a_log_of_many_gigabytes_survive_the_snapshot(tmp_path):
+    """A location is wider than msgpack's 64-bit ints once the log passes 16 MiB: the snapshot stores it
+    in parts, and it comes back the same."""
+    from storaged.model import Message
+    from storaged.text import location_from_parts, location_parts
+
+    for pos in (0, 1 << 24, 5 << 30, (1 << 40) - 1):
+        record = ["w", None, ["01J00000000000000000000001", "s", 1, 2, "user", "hi", 1, 2, None, [], "short",
+                              "note", 0, None, [], [], "user_input", None, None]]
+        loc = locate(pos, record, "hi")
+        assert location_from_parts(location_parts(loc)) == loc and span(loc)[0] >= pos
+    d = str(tmp_path)
+    store = Store.open(d)
+    write(store, "s", "a text")
+    msg = next(iter(store.by_id.values()))
+    far = locate(5 << 30, ["w", None, msg.fields()], msg.content)
+    rows = [msg.row(far)]
+    meta = store.snapshot_meta(store.salt, store.log_size())
+    snapshot.write_file(store.io, os.path.join(d, "snap.test"), meta, rows, store.search.dump())
+    _, back, _ = snapshot.read(store.io, os.path.join(d, "snap.test"))
+    assert Message.from_row(back[0], store.log_text).text == far
+    store.close()
+
+
+def test_a_store_past_16_mib_snapshots_and_reopens(tmp_path):
+    d = str(tmp_path)
+    store = Store.open(d)
+    big = "x" * (1 << 20) + "tail"
+    for i in range(18):
+        write(store, f"s{i % 2}", big[: (1 << 20) - 16] + str(i))
+    last = write(store, "s", "after sixteen mebibytes")["message"]["message_id"]
+    assert store.log_size() > 17 << 20
+    expected = _texts_of(store)
+    assert store.write_snapshot()
+    store.close()
+    store = Store.open(d)
+    assert store.snapshot_valid and store.snapshot_pos == store.log_size()
+    assert _texts_of(store) == expected and store.by_id[last].content == "after sixteen mebibytes"
+    compaction.rebuild(store)
+    assert _texts_of(store) == expected
+    store.close()
