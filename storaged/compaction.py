@@ -111,6 +111,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta["record_count"] = len(msgs)
     meta["checkpoint_bytes"] = len(checkpoint)
     meta["rids"] = rids
+    meta["unindexed"] = []  # this index holds every live message
     meta["session_meta"] = [[sid, fields, meta_sizes[sid]] for sid, fields in metas.items()]
     meta["checkpoints"] = [[src, key, store.ingest.checkpoints[(src, key)], n]
                            for (src, key), n in checkpoint_sizes.items()]
@@ -163,7 +164,7 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
     store.rids = OrderedDict((rid, (op, mid, rev, seen)) for rid, op, mid, rev, seen in p.rids)
     store.update_records = 0
     store.deleted_messages = 0
-    store.search = p.search
+    store.replace_index(p.search)
     store.snapshot_pos = -1
     failure: OSError | None = None
     try:

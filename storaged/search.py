@@ -1064,6 +1064,9 @@ class SearchIndex:
             self._char_terms = ct
         return self._char_terms
 
+    def __contains__(self, doc: int) -> bool:
+        return self._docmap.get(doc) >= 0
+
     def idle_step(self) -> bool:
         """One bounded step of the work no request waits for (the prefix list's build, started here
         if no query started it); True while some remains. The daemon calls it when its loop is idle,

@@ -78,9 +78,19 @@ REPLY_HWM = 4
 HELD_REPLY_BYTES = 2 * L.RESPONSE_BUDGET_BYTES
 REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
-IDLE_SLICE_S = 0.02  # idle work done at once after POLL_MS without a request
+IDLE_SLICE_S = 0.02  # background work done at once while no request waits (a request waits at most this)
+BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch of requests, so the queue drains under load too
+SEARCH_CATCH_UP_S = 0.25  # a search indexes what is queued within this, else is answered BUSY
 _PR_SET_PDEATHSIG = 1
 ZAP_DOMAIN = "convmem"
+
+
+def _after_catch_up(store: Store, handler: Callable[[Any, str | None], dict[str, Any]]):
+    """A search op's handler that first lets the search index catch up (``Store.catch_up``)."""
+    def searching(args: Any, rid: str | None) -> dict[str, Any]:
+        store.catch_up(SEARCH_CATCH_UP_S)
+        return handler(args, rid)
+    return searching
 
 
 class RebuildCancelled(Exception):
@@ -169,7 +179,7 @@ class Server:
             "update_message": lambda a, rid: store.update_message(a, rid),
             "delete_message": lambda a, rid: store.delete_message(a, rid),
             "read_messages": lambda a, rid: views.read_messages(store, a),
-            "search_messages": lambda a, rid: views.search_messages(store, a),
+            "search_messages": _after_catch_up(store, lambda a, rid: views.search_messages(store, a)),
             "get_system_health": self._health,
             "rebuild_index": self._rebuild_index,
             "rebuild_status": self._rebuild_status,
@@ -181,6 +191,7 @@ class Server:
         }
         for op, fn in history_handlers(history, lambda: store.rebuilding).items():
             self.handlers[op] = lambda a, rid, fn=fn: fn(a)
+        self.handlers["search_sessions"] = _after_catch_up(store, self.handlers["search_sessions"])
         self.store = store
 
     def load_in_background(self, open_store: Callable[[], Store]) -> None:
@@ -220,7 +231,8 @@ class Server:
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.wake_recv, zmq.POLLIN)
         while not self.stopping:
-            events = dict(poller.poll(POLL_MS))
+            # while the search index has a queue, poll without waiting: idle time goes to indexing
+            events = dict(poller.poll(0 if self.store is not None and self.store.unindexed else POLL_MS))
             if self.wake_recv in events:
                 if self.wake_recv.recv() == b"loaded":
                     self._finish_load()
@@ -240,6 +252,8 @@ class Server:
                         size += sum(map(len, body))
                 if batch:
                     self._serve_batch(batch)
+                    if self.store is not None and self.store.unindexed:
+                        self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S)
             elif not events and self.store is not None:
                 self._idle_work()
             if self.store is not None:
@@ -286,8 +300,11 @@ class Server:
         """Background steps of the search index while no request waits (at most IDLE_SLICE_S, and
         never past the arrival of a request)."""
         deadline = time.monotonic() + IDLE_SLICE_S
-        search = self.store.search
-        while search.idle_step() and time.monotonic() < deadline and not self.sock.poll(0):
+        if self.store.unindexed:
+            self.store.index_step(deadline)
+            return
+        index = self.store.search
+        while index.idle_step() and time.monotonic() < deadline and not self.sock.poll(0):
             pass
 
     def _sync_batch(self, n: int) -> None:

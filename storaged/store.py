@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from typing import Any
 
 from protocol import errors as E
@@ -84,7 +85,12 @@ class Store:
         self.session_keys: dict[bytes, str] = {}  # handles.session_digest(sid) -> sid, for session: ids
         self.relations = RelationIndex()
         self.touches = TouchIndex()
-        self.search = SearchIndex()
+        # The search index lags the state by the messages in ``unindexed`` (seqs, oldest first): a
+        # mutation or replay only queues its message, and the daemon indexes the queue in slices between
+        # requests (``index_step``), so a big import or a replay never holds every client behind its
+        # indexing. Whoever searches reads ``search``, which first indexes whatever is still queued.
+        self._index = SearchIndex()
+        self.unindexed: deque[int] = deque()
         # message text is read back from the log by position; a record found damaged then is damage
         self.log_text = LogText(self.io, on_damage=self._text_damaged)
         self.clock = IdClock()
@@ -236,7 +242,7 @@ class Store:
             meta, messages, search_dump = snapshot.read(self.io, self.snapshot_path)
             if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
-            self.search = SearchIndex.load(search_dump)
+            self._index = SearchIndex.load(search_dump)
         except snapshot.SnapshotOutdated as exc:
             LOG.warning("the snapshot is of an earlier format (%s): replaying the whole log once; a snapshot "
                         "of the current format is written right after", exc)
@@ -246,7 +252,7 @@ class Store:
         except (snapshot.SnapshotInvalid, ValueError, KeyError, TypeError) as exc:
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
             self.snapshot_valid = False
-            self.search = SearchIndex()
+            self._index = SearchIndex()
             return logfile.HEADER_SIZE
         self.last_seq = meta["last_seq"]
         last_id, last_ms = meta["clock"]
@@ -265,6 +271,7 @@ class Store:
             self.meta_rec_sizes[sid] = size
             self.meta_bytes += size
         self.ingest.load(meta.get("checkpoints", ()))
+        self.unindexed.extend(meta.get("unindexed", ()))
         self._bulk_load(messages)
         if clock_poisoned:
             # the snapshot's clock lies beyond the bound (written before the bound existed): recover
@@ -305,7 +312,7 @@ class Store:
                 return
             msg = msg or Message.from_fields(fields)
             self._store_text(msg, rec, pos, size)
-            self._insert(msg, fields[records.CONTENT])
+            self._insert(msg)
             self._after_record(rec[records.RID], records.WRITE, msg.message_id, msg.revision, msg.seq, msg.timestamp)
             self.clock.observe_id(msg.message_id)
             self.clock.observe_ms(msg.updated_at)
@@ -320,9 +327,9 @@ class Store:
             if old is None:
                 # an update carries the message's whole state: salvage can restore a message whose
                 # original write record was lost to damage
-                self._insert(msg, fields[records.CONTENT])
+                self._insert(msg)
             else:
-                self._replace(old, msg, fields[records.CONTENT])
+                self._replace(old, msg)
             self.update_records += 1
             self._after_record(rec[records.RID], records.UPDATE, msg.message_id, msg.revision, rec[records.U_SEQ], msg.updated_at)
             self.clock.observe_ms(msg.updated_at)
@@ -393,8 +400,8 @@ class Store:
         cutoff = self.clock.wall_ms() - L.REQUEST_ID_RETENTION_S * 1000
         return [[rid, op, mid, rev, seen] for rid, (op, mid, rev, seen) in self.rids.items() if seen >= cutoff]
 
-    def _insert(self, msg: Message, text: str, track_order: bool = True) -> None:
-        """Add a message to every index; ``text`` is its content (the search index's input)."""
+    def _insert(self, msg: Message, track_order: bool = True) -> None:
+        """Add a message to every index (to the search index's queue: see ``unindexed``)."""
         self.by_id[msg.message_id] = msg
         self.by_seq[msg.seq] = msg
         session = self.sessions.get(msg.session_id)
@@ -412,7 +419,7 @@ class Store:
         self.relations.add(msg)
         if msg.ext is not None:
             self.touches.add(msg)
-        self.search.add(msg.seq, text, msg.summary, msg.tags)
+        self.unindexed.append(msg.seq)
         self.live_bytes += msg.rec_size
         self.body_bytes += msg.body_bytes()
         self.metadata_bytes += msg.metadata_bytes()
@@ -462,22 +469,66 @@ class Store:
         self.relations.remove(msg)
         if msg.ext is not None:
             self.touches.remove(msg)
-        self.search.remove(msg.seq)
+        if msg.seq in self._index:  # else it is still queued: the queue skips what is no longer live
+            self._index.remove(msg.seq)
         self.live_bytes -= msg.rec_size
         self.body_bytes -= msg.body_bytes()
         self.metadata_bytes -= msg.metadata_bytes()
         self.entry_bytes -= msg.entry_bytes()
 
-    def _replace(self, old: Message, new: Message, text: str) -> None:
+    def _replace(self, old: Message, new: Message) -> None:
         # by_seq keeps its slot so that iterating it stays in creation order (the rebuild relies on it).
         # A new revision keeps its timestamp: the session's place in the sessions view moves only if
         # the message's session emptied and came back (then it is a new entry, not a move).
         session = self.sessions[old.session_id]
         started = session.min_ts
         self._remove(old, keep_slot=True, track_order=False)
-        self._insert(new, text, track_order=False)
+        self._insert(new, track_order=False)
         if self.sessions[new.session_id].min_ts != started:
             self.session_order.invalidate()
+
+    # ------------------------------------------------------------------ the search index
+    @property
+    def search(self) -> SearchIndex:
+        """The search index, with every queued message indexed first (what a search must see)."""
+        if self.unindexed:
+            self.index_step(None)
+        return self._index
+
+    def replace_index(self, index: SearchIndex) -> None:
+        """A rebuild's index, which holds every live message: nothing stays queued."""
+        self._index = index
+        self.unindexed.clear()
+
+    def index_step(self, deadline: float | None) -> bool:
+        """Index queued messages, oldest first, until the queue is empty or the monotonic clock passes
+        ``deadline`` (None: until empty). True while some remain. A message deleted or replaced since
+        it was queued is skipped (its replacement is queued after it). A text that fails its checksum
+        is left out of the index (the store is then marked damaged, ``_text_damaged``)."""
+        queue, by_seq, index = self.unindexed, self.by_seq, self._index
+        n = 0
+        while queue:
+            seq = queue.popleft()
+            msg = by_seq.get(seq)
+            if msg is None or seq in index:
+                continue
+            try:
+                text = msg.content
+            except OSError as exc:
+                LOG.error("message %s left out of the search index: %s", msg.message_id, exc)
+                continue
+            index.add(seq, text, msg.summary, msg.tags)
+            n += 1
+            if deadline is not None and not n & 15 and time.monotonic() > deadline:
+                break
+        return bool(queue)
+
+    def catch_up(self, budget_s: float) -> None:
+        """Before a search through the daemon: index what is queued within ``budget_s``, else refuse
+        BUSY (the index is catching up after a big import or a replay) rather than hold the loop."""
+        if self.unindexed and self.index_step(time.monotonic() + budget_s):
+            raise ProtocolError(E.BUSY, f"the search index is catching up ({len(self.unindexed)} messages to "
+                                        f"index); retry shortly", retry_after_ms=L.BUSY_RETRY_AFTER_MS)
 
     # ------------------------------------------------------------------ lookups
     def live(self, message_id: str) -> Message:
@@ -649,6 +700,8 @@ class Store:
             "session_meta": [[sid, fields, self.meta_rec_sizes.get(sid, 0)]
                              for sid, fields in self.session_meta.items()],
             "checkpoints": self.ingest.dump(),
+            # queued for the search index, not in the dump: queued again at the next start
+            "unindexed": [seq for seq in dict.fromkeys(self.unindexed) if seq in self.by_seq and seq not in self._index],
         }
 
     def snapshot_due(self) -> bool:
@@ -660,7 +713,7 @@ class Store:
         it covers. Used directly by a forked child, which sees a frozen copy of the state."""
         pos = self.writer.size
         msgs = (m.row() for m in self.by_seq.values())
-        snapshot.write_file(self.io, tmp, self.snapshot_meta(self.salt, pos), msgs, self.search.dump())
+        snapshot.write_file(self.io, tmp, self.snapshot_meta(self.salt, pos), msgs, self._index.dump())
         return pos
 
     def install_snapshot(self, tmp: str, pos: int) -> None:
@@ -688,7 +741,7 @@ class Store:
         return max(0, size - logfile.HEADER_SIZE - self.live_bytes - self.checkpoint_bytes - aux)
 
     def health(self) -> dict[str, Any]:
-        search_bytes = self.search.memory_bytes()
+        search_bytes = self._index.memory_bytes() + 8 * len(self.unindexed)
         sizes = self.__dict__.get("_index_sizes")
         if sizes is None:
             sizes = self.__dict__["_index_sizes"] = IndexSizes()
