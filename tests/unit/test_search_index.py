@@ -40,20 +40,28 @@ def test_nfkc_and_casefold():
     [
         ("caresses", "caress"), ("ponies", "poni"), ("running", "run"), ("hopping", "hop"),
         ("painted", "paint"), ("painting", "paint"), ("paints", "paint"), ("relational", "relat"),
-        ("generalizations", "gener"), ("happy", "happi"), ("adoption", "adopt"),
-        ("sky", "sky"), ("agreed", "agre"), ("motoring", "motor"), ("filing", "file"),
+        ("happy", "happi"), ("adoption", "adopt"), ("sky", "sky"), ("agreed", "agre"),
+        ("motoring", "motor"), ("filing", "file"),
+        # where English Snowball (Porter2) differs from the original Porter
+        ("generalizations", "general"), ("generously", "generous"), ("fairly", "fair"),
+        ("dying", "die"), ("skies", "sky"), ("news", "news"), ("may", "may"), ("one", "one"),
     ],
 )
-def test_porter_stemmer(word, expected):
+def test_snowball_stemmer(word, expected):
     assert stem(word) == expected
+
+
+@pytest.mark.parametrize("word", ["café", "naïve", "straße", "данные", "123", "python3", "データ"])
+def test_stem_leaves_non_ascii_letter_words_alone(word):
+    assert stem(word) == word
 
 
 def test_word_normalisation():
     # possessives, contractions, stop words, thousands separators, ordinals
     assert index_terms("Caroline's kids' books") == ["carolin", "kid", "book"]
-    assert index_terms("I'm sure it isn't the one") == ["sure", "on"]
+    assert index_terms("I'm sure it isn't the one") == ["sure", "one"]
     assert index_terms("1,000 dollars") == ["1000", "dollar"]
-    assert index_terms("May 7th") == ["mai", "7"]
+    assert index_terms("May 7th") == ["may", "7"]
     assert index_terms("the and of") == []
 
 
