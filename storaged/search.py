@@ -60,7 +60,7 @@ import numpy as np
 
 from storaged.tokenize import index_terms, query_runs
 
-__all__ = ["Hit", "QueryScores", "SearchIndex"]
+__all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex"]
 
 FIELDS = ("content", "summary", "tags")
 
@@ -126,7 +126,16 @@ _CJK_CHAR = re.compile(
     "\U00020000-\U0002fa1f\U00030000-\U0003134f]"
 )
 
-_FORMAT = "convmem-search/1"
+# The dump's format string names the layout AND the tokenizer whose terms it holds: a dump is only
+# valid for the stemmer that made its terms.  /1: terms of the hand-written Porter stemmer; /2: of
+# PyStemmer's English Snowball (storaged/tokenize.py).
+_FORMAT = "convmem-search/2"
+_OUTDATED_FORMATS = ("convmem-search/1",)
+
+
+class DumpOutdated(ValueError):
+    """A dump written by an earlier release (other terms): the store replays its log instead and
+    replaces the snapshot at once, as for a snapshot of an earlier format."""
 
 
 class Hit(NamedTuple):
@@ -1581,7 +1590,10 @@ class SearchIndex:
 
     @classmethod
     def load(cls, data: dict[str, Any]) -> "SearchIndex":
-        """Raises ValueError on anything that is not a dump of this format."""
+        """Raises ValueError on anything that is not a dump of this format (DumpOutdated if it is one
+        of an earlier format)."""
+        if isinstance(data, dict) and data.get("format") in _OUTDATED_FORMATS:
+            raise DumpOutdated(f"search index dump {data['format']} holds another tokenizer's terms")
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError("not a search index dump")
         try:

@@ -41,7 +41,7 @@ from .idgen import IdClock, ulid_ms
 from .indexes import IndexSizes, RelationIndex, Session, TouchIndex
 from .ingeststate import IngestState
 from .model import Message, message_from_args
-from .search import SearchIndex
+from .search import DumpOutdated, SearchIndex
 from .sessionorder import SessionOrder
 from .text import LogText, locate
 
@@ -243,7 +243,7 @@ class Store:
             if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
             self._index = SearchIndex.load(search_dump)
-        except snapshot.SnapshotOutdated as exc:
+        except (snapshot.SnapshotOutdated, DumpOutdated) as exc:
             LOG.warning("the snapshot is of an earlier format (%s): replaying the whole log once; a snapshot "
                         "of the current format is written right after", exc)
             self.snapshot_outdated = True

@@ -406,6 +406,47 @@ def test_bad_snapshot_falls_back_to_full_replay(tmp_path, damage):
     s.close()
 
 
+# Words whose stems under the hand-written Porter stemmer (the terms of a `convmem-search/1` dump, the
+# release before PyStemmer) differ from their English Snowball stems (today's query terms).
+PORTER_TERMS = {"generous": "gener", "fair": "fairli", "die": "dy"}
+PORTER_TEXTS = {"generously": "she gave generously", "fairly": "a fairly long day", "dying": "the dying light"}
+
+
+def test_a_search_dump_of_an_earlier_stemmer_is_never_read_and_replaced_at_once(tmp_path):
+    """A snapshot whose search dump is `convmem-search/1` holds Porter's terms, which today's queries
+    never make: the start ignores it, replays the log, and writes a snapshot with the current dump."""
+    from storaged import search as S
+    from storaged import snapshot
+
+    d = str(tmp_path)
+    s = Store.open(d)
+    ids = {q: write(s, "s", text)["message"]["message_id"] for q, text in PORTER_TEXTS.items()}
+    write(s, "s", "nothing to see here")
+    assert s.write_snapshot()
+    state = live_state(s)
+    s.close()
+    # Make the snapshot what the earlier release wrote: its format string and Porter's terms.
+    path = os.path.join(d, "snapshot")
+    meta, messages, dump = snapshot.read(FileIO(), path)
+    dump["terms"] = "\n".join(PORTER_TERMS.get(t, t) for t in dump["terms"].split("\n"))
+    porter_index = S.SearchIndex.load(dump)  # what reading it would serve: no hit for these words
+    assert [bool(porter_index.search(q, 10)) for q in (*PORTER_TEXTS, "see")] == [False, False, False, True]
+    snapshot.write(FileIO(), path, meta, messages, dict(dump, format="convmem-search/1"))
+
+    s = Store.open(d)
+    assert s.snapshot_valid and not s.snapshot_outdated and s.snapshot_pos == s.log_size()
+    assert snapshot.read(FileIO(), path)[2]["format"] == S._FORMAT != "convmem-search/1"
+    assert live_state(s) == state
+    for query, mid in ids.items():
+        assert search(s, query=query)["results"][0]["message_id"] == mid, query
+    s.close()
+    s = Store.open(d)  # the next start reads the new snapshot
+    assert s.snapshot_valid and s.snapshot_pos == s.log_size() and live_state(s) == state
+    for query, mid in ids.items():
+        assert search(s, query=query)["results"][0]["message_id"] == mid, query
+    s.close()
+
+
 # ------------------------------------------------------------------------------------- restarts
 def busy_store(d: str):
     s = Store.open(d)
