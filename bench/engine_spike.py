@@ -37,8 +37,8 @@ Each phase runs in a fresh process (one core; nothing runs in parallel):
         [--engines ours,numpy,tantivy,fts5] [--repeat 3] [--json out.json]
     /tmp/spikevenv2/bin/python -m bench.engine_spike recall
 
-tantivy (and PyStemmer for bench/stemmer_spike.py) are NOT project dependencies (numpy is, since the
-search kernel): install them
+tantivy is NOT a project dependency (numpy is, since the search kernel, and PyStemmer since the
+Snowball stemmer): install it
 into a private venv (python3 -m venv /tmp/spikevenv2 && /tmp/spikevenv2/bin/pip install -e . tantivy
 PyStemmer numpy) and run from the repository root.  RSS is VmRSS (anonymous + file-backed pages:
 mmapped index pages count once touched) read from /proc; the page cache is warm after build, so open
