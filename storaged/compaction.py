@@ -189,6 +189,7 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
         raise failure
     store.snapshot_pos = p.log_size if snapshot_installed else -1
     store.snapshot_records = store.record_count
+    store.snapshot_unindexed = 0
     store.snapshot_valid = True
     return {
         "status": "OK",

@@ -80,6 +80,7 @@ REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
 IDLE_SLICE_S = 0.02  # background work done at once while no request waits (a request waits at most this)
 BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch of requests, so the queue drains under load too
+INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
 SEARCH_CATCH_UP_S = 0.25  # a search indexes what is queued within this, else is answered BUSY
 _PR_SET_PDEATHSIG = 1
 ZAP_DOMAIN = "convmem"
@@ -344,9 +345,16 @@ class Server:
             self._reap_snapshot_child(block=False)
             return
         store = self.store
-        if (not self.snapshot_every_records or store.rebuilding or not store.snapshot_due()
-                or (store.record_count - store.snapshot_records < self.snapshot_every_records
-                    and store.writer.size - max(store.snapshot_pos, 0) < SNAPSHOT_EVERY_BYTES)):
+        if not self.snapshot_every_records or store.rebuilding or store.writer is None or store.corrupt or store.broken:
+            return
+        log_grew = store.snapshot_due() and (
+            store.record_count - store.snapshot_records >= self.snapshot_every_records
+            or store.writer.size - max(store.snapshot_pos, 0) >= SNAPSHOT_EVERY_BYTES)
+        # the snapshot on disk left many messages for the search index to catch up on (a replay or an
+        # import queued them), and it has: the next start should find them indexed
+        index_caught_up = not store.unindexed and store.snapshot_unindexed >= min(self.snapshot_every_records,
+                                                                                   INDEXED_SINCE_SNAPSHOT)
+        if not (log_grew or index_caught_up):
             return
         tmp = store.snapshot_path + layout.BACKGROUND_SUFFIX
         pos = store.writer.size
@@ -356,6 +364,7 @@ class Server:
         except OSError as exc:
             LOG.warning("could not fork a background snapshot (%s); will retry later", exc.strerror)
             store.snapshot_records = store.record_count  # do not retry at every request
+            store.snapshot_unindexed = 0
             return
         if pid == 0:  # the child: write the frozen image, never touch the sockets, never return
             code = 1
@@ -375,6 +384,7 @@ class Server:
         self.snapshot_child = (pid, pos, time.monotonic())
         # counted as taken now, so that a failing child is not started again at every request
         store.snapshot_records = store.record_count
+        store.snapshot_unindexed = len(store.unindexed)
         LOG.info("background snapshot started (pid %d, log position %d)", pid, pos)
 
     def _reap_snapshot_child(self, block: bool, kill: bool = False) -> None:

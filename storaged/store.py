@@ -124,6 +124,7 @@ class Store:
         self.scan_result = logfile.ScanResult()
         self.salvaging = False
         self.snapshot_records = 0         # record_count when the snapshot on disk was taken
+        self.snapshot_unindexed = 0       # messages it left queued for the search index (see unindexed)
         self.snapshot_outdated = False    # the snapshot on disk is of an earlier format (see _migrate)
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
@@ -282,6 +283,7 @@ class Store:
         self.body_bytes, self.metadata_bytes, self.entry_bytes = meta["memory"]
         self.snapshot_pos = meta["log_pos"]
         self.snapshot_records = self.record_count
+        self.snapshot_unindexed = len(self.unindexed)
         return meta["log_pos"]
 
     def _text_damaged(self, pos: int, size: int) -> None:
@@ -705,8 +707,10 @@ class Store:
         }
 
     def snapshot_due(self) -> bool:
-        """Whether the snapshot on disk is far enough behind the log to be worth writing again."""
-        return self.writer is not None and not self.corrupt and not self.broken and self.snapshot_pos != self.writer.size
+        """Whether the snapshot on disk is behind: the log grew since, or the search index indexed
+        messages the snapshot left queued."""
+        return self.writer is not None and not self.corrupt and not self.broken and (
+            self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed)
 
     def write_snapshot_file(self, tmp: str) -> int:
         """Write (and fsync) the current state to ``tmp``, not yet in place. Returns the log position
@@ -728,6 +732,7 @@ class Store:
         tmp = self.snapshot_path + layout.TMP_SUFFIX
         self.install_snapshot(tmp, self.write_snapshot_file(tmp))
         self.snapshot_records = self.record_count
+        self.snapshot_unindexed = len(self.unindexed)
         return True
 
     def log_size(self) -> int:

@@ -75,3 +75,21 @@ def test_the_queue_survives_a_snapshot_and_a_rebuild_empties_it(tmp_path):
     compaction.rebuild(store)
     assert not store.unindexed and len(search(store, query="quokka", limit=50)["results"]) == 35
     store.close()
+
+
+def test_a_snapshot_that_left_a_queue_is_due_once_the_index_caught_up(tmp_path):
+    """After a replay (or a migration) the snapshot on disk may hold little of the index and a long
+    queue: once the queue is indexed, the snapshot is due again even though the log did not grow."""
+    d = str(tmp_path)
+    store = Store.open(d)
+    for i in range(40):
+        write(store, "s", f"capybara {i}")
+    assert store.write_snapshot() and store.snapshot_unindexed == 40
+    assert not store.snapshot_due()
+    store.index_step(None)
+    assert store.snapshot_due() and store.write_snapshot()
+    assert store.snapshot_unindexed == 0 and not store.snapshot_due()
+    store.close()
+    store = Store.open(d)
+    assert not store.unindexed and store._index.doc_count() == 40
+    store.close()
