@@ -166,6 +166,18 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def proc_mem(pid: int | str = "self") -> dict[str, float]:
+    """VmRSS, RssAnon, RssFile and VmHWM (peak) of a process from /proc, in MiB: RssFile is what
+    mmapped files and the page cache hold (reclaimable), RssAnon the heap."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                out[k] = round(int(v.split()[0]) / 1024, 1)
+    return out
+
+
 def print_table(title: str, rows: list[list[Any]], header: list[str]) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     print(f"\n## {title}")

@@ -31,7 +31,9 @@ from protocol.wire import decode, encode_request
 from .common import REPO, SqliteBaseline, write_json, corpus, print_table, ratio, start_daemon, stop, summary_ms
 
 
-async def _mcp_writes(data_dir: str, texts: list[str]) -> list[float]:
+async def mcp_writes(data_dir: str, texts: list[str]) -> list[float]:
+    """Durable write_message calls through the stdio front-end as the SDK's client sees them (seconds
+    each); a daemon must already serve ``data_dir`` (the front-end does not spawn one)."""
     from mcp import Client, StdioServerParameters
 
     params = StdioServerParameters(command=sys.executable, args=["-m", "mcpfront", "--data-dir", data_dir,
@@ -84,7 +86,7 @@ def mcp_write_latency(tmp: str, n: int) -> dict[str, Any]:
     proc, _ = start_daemon(data_dir)
     texts = [c for _, c in corpus(n, seed=21)]
     try:
-        ours = asyncio.run(_mcp_writes(data_dir, texts))
+        ours = asyncio.run(mcp_writes(data_dir, texts))
         raw = _raw_stdio_writes(data_dir, texts)
     finally:
         stop(proc)

@@ -73,7 +73,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
              "Install them into a private venv: python3 -m venv /tmp/spikevenv2 && "
              "/tmp/spikevenv2/bin/pip install -e . tantivy PyStemmer numpy")
 
-from bench.common import pct
+from bench.common import pct, proc_mem
 from bench.history_bench import _PROJECTS, Corpus, fts_query
 from storaged import search as S
 from storaged.search import SearchIndex
@@ -84,15 +84,9 @@ JA_SHARE = 0.2
 LIMIT = 10
 
 
-def rss() -> dict[str, int]:
+def rss() -> dict[str, float]:
     """VmRSS, RssAnon, RssFile and VmHWM of this process, in MiB."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-                out[k] = round(int(v.split()[0]) / 1024, 1)
-    return out
+    return proc_mem()
 
 
 def du(path: str) -> float:

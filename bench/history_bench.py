@@ -146,7 +146,13 @@ def _uuid(rng: random.Random, ms: int) -> str:
 
 
 class Corpus:
-    """Writes N events' worth of Codex rollouts under ``root/sessions`` and keeps query candidates."""
+    """Writes N events' worth of Codex rollouts under ``root/sessions`` and keeps query candidates.
+
+    ``JA_SHARE`` (sessions in Japanese) and ``OUTPUT_MEDIAN`` (bytes, of the log-normal tool outputs)
+    are class attributes so that a larger, heavier mix (``bench/scale_corpus.py``) is a subclass."""
+
+    JA_SHARE = 0.06
+    OUTPUT_MEDIAN = 350
 
     def __init__(self, root: str, n_events: int, seed: int = 42) -> None:
         self.root = root
@@ -237,7 +243,7 @@ class Corpus:
         if rng.random() < 0.001:
             size = rng.randrange(56 * 1024, 64 * 1024)
         else:
-            size = int(min(64 * 1024, max(20, rng.lognormvariate(math.log(350), 1.4))))
+            size = int(min(64 * 1024, max(20, rng.lognormvariate(math.log(self.OUTPUT_MEDIAN), 1.4))))
         parts: list[str] = []
         query = None
         if fail:
@@ -263,7 +269,7 @@ class Corpus:
         cwd = f"{rng.choice(_HOMES)}/{proj[0]}"
         start = T0_MS + ordinal * 600_000 + rng.randrange(300_000)   # ~10 min apart, spread over time
         sid = _uuid(rng, start)
-        ja = rng.random() < 0.06
+        ja = rng.random() < self.JA_SHARE
         target = rng.randint(40, 60)
         model = rng.choice(["gpt-5-codex", "gpt-5", "gpt-5-codex-high"])
         t = time.gmtime(start // 1000)
@@ -495,19 +501,11 @@ class SqliteHistory:
         from ingest import codex, reader
         from ingest.service import EMPTY_OUTPUT, _walk, derived_ulid
 
-        cur = self.db.cursor()
         rows: list[tuple[Any, ...]] = []
         total = 0
 
         def flush() -> None:
-            cur.execute("BEGIN")
-            for r in rows:
-                cur.execute("INSERT OR IGNORE INTO events(message_id, session_id, turn, etype, tool, ts, content) "
-                            "VALUES (?,?,?,?,?,?,?)", r)
-                if cur.rowcount:
-                    cur.execute("INSERT INTO fts(rowid, content, etype, session_id) VALUES (?,?,?,?)",
-                                (cur.lastrowid, r[6], r[3], r[1]))
-            cur.execute("COMMIT")
+            self.insert(rows)
             rows.clear()
 
         for path in sorted(_walk(os.path.join(corpus_dir, "sessions"), "rollout-*.jsonl")):
@@ -537,16 +535,29 @@ class SqliteHistory:
             flush()
         return total
 
+    def insert(self, rows: list[tuple[Any, ...]]) -> None:
+        """One transaction: (message_id, session_id, turn, etype, tool, ts, content) rows and their FTS rows."""
+        cur = self.db.cursor()
+        cur.execute("BEGIN")
+        for r in rows:
+            cur.execute("INSERT OR IGNORE INTO events(message_id, session_id, turn, etype, tool, ts, content) "
+                        "VALUES (?,?,?,?,?,?,?)", r)
+            if cur.rowcount:
+                cur.execute("INSERT INTO fts(rowid, content, etype, session_id) VALUES (?,?,?,?)",
+                            (cur.lastrowid, r[6], r[3], r[1]))
+        cur.execute("COMMIT")
+
     def size(self) -> int:
         return sum(os.path.getsize(self.path + x) for x in ("", "-wal") if os.path.exists(self.path + x))
 
-    def search(self, fq: str | None, types: list[str], n: int) -> list[tuple[Any, ...]]:
+    def search(self, fq: str | None, types: list[str] | None, n: int) -> list[tuple[Any, ...]]:
+        """Top n by bm25 with a snippet; ``types`` None: every event type (no filter)."""
         if not fq:
             return []
-        marks = ",".join("?" * len(types))
+        where = f"AND etype IN ({','.join('?' * len(types))}) " if types else ""
         return self.db.execute(
             f"SELECT rowid, session_id, etype, snippet(fts, 0, '', '', '…', 32) FROM fts WHERE fts MATCH ? "
-            f"AND etype IN ({marks}) ORDER BY rank LIMIT ?", (fq, *types, n + 1)).fetchall()[:n]
+            f"{where}ORDER BY rank LIMIT ?", (fq, *(types or ()), n + 1)).fetchall()[:n]
 
     def open_event(self, mid: str) -> Any:
         return self.db.execute("SELECT * FROM events WHERE message_id=?", (mid,)).fetchone()

@@ -1,0 +1,53 @@
+"""The scale benchmark (``python -m bench.scale``) runs every phase end to end on a tiny corpus and
+reports every figure of issue 15's table: it checks that the command works, never how fast."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from protocol.config import read_pid
+from tests.support import ROOT
+
+pytestmark = pytest.mark.timeout(300)
+
+# Rows where SQLite has a figure of its own (the others are the daemon's: RSS, SIGKILL, waits).
+FTS5_ROWS = ("start after clean stop", "search_messages", "search_sessions", "ingest", "durable write", "on disk")
+
+
+def test_bench_scale_tiny(tmp_path):
+    d = tmp_path / "s"
+    out = tmp_path / "scale.json"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.scale", "--events", "2000", "--dir", str(d), "--writes", "10",
+                             "--queries", "60", "--json", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=280)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        try:  # the benchmark ends its daemon itself; if it was killed first, end the daemon by its pid file
+            os.kill(read_pid(str(d / "data")), signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            pass
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["gen"]["messages"] >= 2000 and res["ingest"]["events"] == res["gen"]["messages"]
+    assert res["fts5"]["events"] == res["gen"]["messages"]
+    assert res["start"]["sigkill"]["tail_events"] == 200
+    assert res["wait"]["rebuild"]["ok"] and res["wait"]["snapshot"]["events"] == 500
+    for part in ("search", "rebuild", "snapshot"):
+        assert res["wait"][part]["probe"]["n"] > 0
+    for kind in ("prompt", "error", "common", "rare", "all"):
+        assert res["search"]["search_messages"]["latency_ms"][kind]["n"] > 0
+    assert len(res["table"]) == 17
+    for label, ours, fts5, _target, met in res["table"]:
+        assert ours != "-", label
+        assert (fts5 != "-") == label.startswith(FTS5_ROWS), label
+        assert met in ("met", "NOT met", "-"), label
+    assert "convmem beside SQLite FTS5" in stdout
