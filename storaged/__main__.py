@@ -29,6 +29,7 @@ from .store import Store
 
 LOG = logging.getLogger("convmem.storaged")
 IPC_PATH_MAX = 107  # sun_path
+STOP_INDEX_BUDGET_S = 5.0  # search indexing done at a clean stop before the snapshot (see serve's finally)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -241,6 +242,12 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
         store = server.store
         if store is not None:
             t1 = time.monotonic()
+            if store.unindexed and not store.corrupt:
+                # what the search index still has queued goes into the snapshot's index if it fits a
+                # few seconds (a supervisor's stop timeout is 10 s by default); the rest stays queued
+                more = store.index_step(t1 + STOP_INDEX_BUDGET_S)
+                LOG.info("indexed the search queue for %.2f s at shutdown%s", time.monotonic() - t1,
+                         f"; {len(store.unindexed)} messages stay queued" if more else "")
             try:
                 if store.write_snapshot():
                     LOG.info("snapshot written in %.2f s", time.monotonic() - t1)

@@ -305,3 +305,28 @@ def test_salvage_refused_while_the_daemon_runs(pool):
     assert r.returncode == 3 and os.path.abspath(d.data_dir) in r.stderr
     assert d.client().call("ping")["pid"] == d.pid
     assert d.terminate() == 0
+
+
+def test_a_clean_stop_writes_the_queued_search_index_into_the_snapshot(pool):
+    """An import only queues its messages for the search index; a clean stop indexes the queue (within
+    a few seconds) before it writes the snapshot, so the next start can search at once."""
+    from ulid import ULID
+
+    from storaged import snapshot
+    from storaged.fileio import FileIO
+
+    d = pool.new().start()
+    batch = [{"message_id": str(ULID()), "session_id": f"imp{i % 4}", "timestamp": 1_700_000_000_000 + i,
+              "role": "assistant", "content": f"imported wombat {i} " * 30, "revision": 1,
+              "updated_at": 1_700_000_000_000 + i, "metadata": {}} for i in range(2000)]
+    with d.client(timeout_ms=30_000) as c:
+        for k in range(0, 2000, 500):
+            assert c.call("import_messages", {"messages": batch[k:k + 500]})["imported"] == 500
+    d.terminate()
+    meta, rows, _ = snapshot.read(FileIO(), os.path.join(d.data_dir, "snapshot"))
+    assert len(rows) == 2000 and meta["unindexed"] == []
+    assert "indexed the search queue" in d.stderr() or "snapshot written" in d.stderr()
+    d.start()
+    with d.client(timeout_ms=30_000) as c:
+        rep = c.call("search_messages", {"query": "wombat", "limit": 5})
+        assert len(rep["results"]) == 5, rep
