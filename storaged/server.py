@@ -81,7 +81,10 @@ POLL_MS = 100
 IDLE_SLICE_S = 0.02  # background work done at once while no request waits (a request waits at most this)
 BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch of requests, so the queue drains under load too
 INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
-SEARCH_CATCH_UP_S = 0.25  # a search indexes what is queued within this, else is answered BUSY
+SEARCH_CATCH_UP_S = 0.25
+# imports wait (BUSY) while this many messages are queued for the search index: a few seconds of
+# indexing, which a clean stop's STOP_INDEX_BUDGET_S mostly covers
+INDEX_QUEUE_MAX = 10_000  # a search indexes what is queued within this, else is answered BUSY
 _PR_SET_PDEATHSIG = 1
 ZAP_DOMAIN = "convmem"
 
@@ -173,6 +176,7 @@ class Server:
 
     def install_store(self, store: Store) -> None:
         """Start serving ``store``: every op gets its handler."""
+        store.index_queue_max = INDEX_QUEUE_MAX
         history = HistoryViews(store)
         self.handlers = {
             "ping": self._ping,

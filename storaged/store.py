@@ -91,6 +91,9 @@ class Store:
         # indexing. Whoever searches reads ``search``, which first indexes whatever is still queued.
         self._index = SearchIndex()
         self.unindexed: deque[int] = deque()
+        # imports are refused BUSY while the queue is this long (the daemon sets it; None: no limit),
+        # so a bulk import goes at the indexing's pace and the index is never far behind
+        self.index_queue_max: int | None = None
         # message text is read back from the log by position; a record found damaged then is damage
         self.log_text = LogText(self.io, on_damage=self._text_damaged)
         self.clock = IdClock()
@@ -657,6 +660,9 @@ class Store:
         records first, then messages, then checkpoints, so a torn batch leaves a prefix whose
         checkpoints (if any survived) never claim events that did not."""
         self._check_writable()
+        if self.index_queue_max is not None and len(self.unindexed) >= self.index_queue_max:
+            raise ProtocolError(E.BUSY, f"the search index is {len(self.unindexed)} messages behind; retry the "
+                                        f"import shortly", retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         fresh: list[tuple[Message, R.ImportedMessage]] = []
         seen: set[str] = set()
         existing = 0

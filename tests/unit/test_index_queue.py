@@ -93,3 +93,22 @@ def test_a_snapshot_that_left_a_queue_is_due_once_the_index_caught_up(tmp_path):
     store = Store.open(d)
     assert not store.unindexed and store._index.doc_count() == 40
     store.close()
+
+
+def test_imports_wait_busy_while_the_queue_is_full_and_change_nothing(tmp_path):
+    from protocol.validation import validate
+
+    store = Store.open(str(tmp_path))
+    store.index_queue_max = 20
+    for i in range(20):
+        write(store, "s", f"ibex {i}")
+    size = store.log_size()
+    req = validate("import_messages", {"messages": [{
+        "message_id": "01J00000000000000000000009", "session_id": "s", "timestamp": 1_700_000_000_000,
+        "role": "user", "content": "imported", "revision": 1, "updated_at": 1_700_000_000_000, "metadata": {}}]})
+    with pytest.raises(ProtocolError) as exc:
+        store.import_messages(req)
+    assert exc.value.code == E.BUSY and store.log_size() == size
+    store.index_step(None)
+    assert store.import_messages(req)["imported"] == 1
+    store.close()
