@@ -49,7 +49,7 @@ def imported(session_id: str, n: int, start_ms: int, content: Any = None) -> lis
 def load(d: Daemon, messages: list[dict[str, Any]], batch: int = L.IMPORT_BATCH_MAX) -> None:
     with d.client(timeout_ms=60000) as c:
         for i in range(0, len(messages), batch):
-            rep = c.call("import_messages", {"messages": messages[i:i + batch]})
+            rep = c.call("import_messages", {"messages": messages[i:i + batch]}, busy_retry=True)  # backpressure
             assert rep.get("status") == "OK", rep
 
 
