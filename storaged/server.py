@@ -258,7 +258,7 @@ class Server:
                 if batch:
                     self._serve_batch(batch)
                     if self.store is not None and self.store.unindexed:
-                        self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S)
+                        self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
             elif not events and self.store is not None:
                 self._idle_work()
             if self.store is not None:
@@ -306,11 +306,14 @@ class Server:
         never past the arrival of a request)."""
         deadline = time.monotonic() + IDLE_SLICE_S
         if self.store.unindexed:
-            self.store.index_step(deadline)
+            self.store.index_step(deadline, self._request_waiting)
             return
         index = self.store.search
         while index.idle_step() and time.monotonic() < deadline and not self.sock.poll(0):
             pass
+
+    def _request_waiting(self) -> bool:
+        return bool(self.sock.poll(0))
 
     def _sync_batch(self, n: int) -> None:
         store = self.store

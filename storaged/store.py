@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections import OrderedDict, deque
-from typing import Any
+from typing import Any, Callable
 
 from protocol import errors as E
 from protocol import limits as L
@@ -505,9 +505,10 @@ class Store:
         self._index = index
         self.unindexed.clear()
 
-    def index_step(self, deadline: float | None) -> bool:
+    def index_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> bool:
         """Index queued messages, oldest first, until the queue is empty or the monotonic clock passes
-        ``deadline`` (None: until empty). True while some remain. A message deleted or replaced since
+        ``deadline`` (None: until empty) or ``interrupted()`` says a request waits (asked every few
+        messages, so a request waits about a millisecond behind this). True while some remain. A message deleted or replaced since
         it was queued is skipped (its replacement is queued after it). A text that fails its checksum
         is left out of the index (the store is then marked damaged, ``_text_damaged``)."""
         queue, by_seq, index = self.unindexed, self.by_seq, self._index
@@ -524,7 +525,8 @@ class Store:
                 continue
             index.add(seq, text, msg.summary, msg.tags)
             n += 1
-            if deadline is not None and not n & 15 and time.monotonic() > deadline:
+            if deadline is not None and not n & 3 and (
+                    time.monotonic() > deadline or (interrupted is not None and interrupted())):
                 break
         return bool(queue)
 

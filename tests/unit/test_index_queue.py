@@ -35,8 +35,11 @@ def test_index_steps_are_bounded_and_skip_what_is_no_longer_live(tmp_path):
     store = Store.open(str(tmp_path))
     for i in range(40):
         write(store, "s", f"lemur {i}")
-    assert store.index_step(0.0)            # a deadline already past: one slice of 16, then it stops
-    assert store._index.doc_count() == 16 and len(store.unindexed) == 24
+    assert store.index_step(0.0)            # a deadline already past: one slice of 4, then it stops
+    assert store._index.doc_count() == 4 and len(store.unindexed) == 36
+    asked = []
+    assert store.index_step(float("inf"), lambda: asked.append(1) or len(asked) == 2)  # a request waits
+    assert store._index.doc_count() == 12 and len(asked) == 2
     assert not store.index_step(None) and store._index.doc_count() == 40
     store.close()
 
@@ -63,7 +66,7 @@ def test_the_queue_survives_a_snapshot_and_a_rebuild_empties_it(tmp_path):
     store = Store.open(d)
     for i in range(30):
         write(store, "s", f"quokka {i}")
-    store.index_step(0.0)  # half indexed, half queued, when the snapshot is taken
+    store.index_step(0.0)  # partly indexed, partly queued, when the snapshot is taken
     assert store.unindexed and store._index.doc_count()
     store.write_snapshot()
     store.close()
