@@ -210,6 +210,7 @@ def rebuild_pause(tmp: str, n: int, deletes: float = 0.2) -> dict[str, Any]:
     store = Store.open(data_dir, io=NoSyncIO())
     for m in list(store.by_seq.values())[:: int(1 / deletes)]:
         store.delete_message(DeleteMessage(message_id=m.message_id, session_id=None))
+    store.index_step(None)  # as a daemon's clean stop does: the snapshot holds the whole search index
     store.write_snapshot()  # a fast start; the rebuild is what is measured
     store.close()
     proc, _ = start_daemon(data_dir)

@@ -77,6 +77,7 @@ def _build(path, n: int):
     for i in range(5, n, 17):
         store.delete_message(validate("delete_message", {"message_id": ids[i]}), str(ulid.ULID()))
         deletes += 1
+    store.index_step(None)  # as a daemon's clean stop does: the snapshot holds the whole search index
     store.write_snapshot()
     live = len(store.by_id)
     store.close()
