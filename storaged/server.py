@@ -78,13 +78,13 @@ REPLY_HWM = 4
 HELD_REPLY_BYTES = 2 * L.RESPONSE_BUDGET_BYTES
 REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
-IDLE_SLICE_S = 0.02  # background work done at once while no request waits (a request waits at most this)
+IDLE_SLICE_S = 0.02  # background work done at once while no request waits (it stops when one arrives)
 BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch of requests, so the queue drains under load too
 INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
-SEARCH_CATCH_UP_S = 0.25
+SEARCH_CATCH_UP_S = 0.25  # a search indexes what is queued within this, else is answered BUSY
 # imports wait (BUSY) while this many messages are queued for the search index: a few seconds of
 # indexing, which a clean stop's STOP_INDEX_BUDGET_S mostly covers
-INDEX_QUEUE_MAX = 10_000  # a search indexes what is queued within this, else is answered BUSY
+INDEX_QUEUE_MAX = 10_000
 _PR_SET_PDEATHSIG = 1
 ZAP_DOMAIN = "convmem"
 
@@ -309,7 +309,7 @@ class Server:
             self.store.index_step(deadline, self._request_waiting)
             return
         index = self.store.search
-        while index.idle_step() and time.monotonic() < deadline and not self.sock.poll(0):
+        while index.idle_step() and time.monotonic() < deadline and not self._request_waiting():
             pass
 
     def _request_waiting(self) -> bool:
@@ -352,11 +352,10 @@ class Server:
             self._reap_snapshot_child(block=False)
             return
         store = self.store
-        if not self.snapshot_every_records or store.rebuilding or store.writer is None or store.corrupt or store.broken:
+        if not self.snapshot_every_records or store.rebuilding or not store.snapshot_due():
             return
-        log_grew = store.snapshot_due() and (
-            store.record_count - store.snapshot_records >= self.snapshot_every_records
-            or store.writer.size - max(store.snapshot_pos, 0) >= SNAPSHOT_EVERY_BYTES)
+        log_grew = (store.record_count - store.snapshot_records >= self.snapshot_every_records
+                    or store.writer.size - max(store.snapshot_pos, 0) >= SNAPSHOT_EVERY_BYTES)
         # the snapshot on disk left many messages for the search index to catch up on (a replay or an
         # import queued them), and it has: the next start should find them indexed
         index_caught_up = not store.unindexed and store.snapshot_unindexed >= min(self.snapshot_every_records,
