@@ -19,6 +19,7 @@ from . import log as logfile
 from . import records
 from . import snapshot
 from .search import SearchIndex
+from .segment import Segment
 from .store import Store
 from .text import locate
 
@@ -116,6 +117,11 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta["checkpoints"] = [[src, key, store.ingest.checkpoints[(src, key)], n]
                            for (src, key), n in checkpoint_sizes.items()]
     snap_fields = (m.row(loc, rs) for m, loc, rs in zip(msgs, text_locs, rec_sizes))
+    plan = index.plan()  # the new index as one segment, which the new snapshot names
+    if plan is not None:
+        path = index.write_segment(plan, io, store.dir)
+        io.sync_dir(store.dir)
+        index.adopt(plan, Segment(path, io))
     snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, snap_fields, index.dump())
     return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
@@ -188,6 +194,8 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
     if failure is not None:
         raise failure
     store.snapshot_pos = p.log_size if snapshot_installed else -1
+    store.snapshot_segments = p.search.segment_names() if snapshot_installed else []
+    store.collect_segments()
     store.snapshot_records = store.record_count
     store.snapshot_unindexed = 0
     store.snapshot_valid = True
@@ -211,6 +219,7 @@ def discard(store: Store) -> None:
     """Remove the temporary files of a failed rebuild (best effort: they are removed at start anyway)."""
     for path in (store.log_path + layout.COMPACT_SUFFIX, store.snapshot_path + layout.TMP_SUFFIX):
         _quiet_remove(store.io, path)
+    store.collect_segments()  # the new index's segment, if it got that far
 
 
 def rebuild(store: Store) -> dict[str, Any]:

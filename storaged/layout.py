@@ -20,6 +20,7 @@ from protocol.config import CURVE_CLIENTS_DIR, DAEMON_LOG_NAME, HTTP_TOKEN_NAME,
 
 __all__ = [
     "LOG", "SNAPSHOT", "LOCK", "CURSOR_KEY", "STORE_ID", "HTTP_TOKEN", "DAEMON_LOG", "RUN_DIR", "SOCKET", "PID", "CURVE_CLIENTS",
+    "SEGMENT_PREFIX", "SEGMENT_SUFFIX",
     "TMP_SUFFIX", "NEW_SUFFIX", "COMPACT_SUFFIX", "BACKGROUND_SUFFIX", "LOCK_SUFFIX", "DAMAGED_PREFIX",
     "damaged_copy_name", "leftovers",
 ]
@@ -35,6 +36,12 @@ RUN_DIR = RUN_DIR_NAME      # run/: the ipc socket and the pid file
 SOCKET = SOCKET_NAME
 PID = PID_NAME
 CURVE_CLIENTS = CURVE_CLIENTS_DIR  # curve/clients/*.key: the CURVE allow-list
+# index.<16 hex digits>.seg: an immutable search-index segment (storaged/segment.py). Written under a
+# fresh random name and fsynced before a snapshot names it; the snapshot's manifest says which ones
+# are in use, and the others (a merge's inputs, a crash's orphans) are removed once a snapshot that
+# does not name them is in place (Store.collect_segments).
+SEGMENT_PREFIX = "index."
+SEGMENT_SUFFIX = ".seg"
 
 TMP_SUFFIX = ".tmp"             # any atomic replacement's temp (snapshot.tmp, cursor.key.tmp, storaged.pid.tmp)
 NEW_SUFFIX = ".new"             # log.new: a first start's log header before it becomes the log

@@ -46,21 +46,23 @@ queries the old one.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from array import array
 from bisect import bisect_left, insort
 from collections import Counter
-from heapq import heapify, heappop, nlargest
+from heapq import heapify, heappop, merge as heap_merge, nlargest
 from itertools import accumulate, compress, repeat
 from operator import and_, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from storaged.segment import Segment, SegmentBuilder, SegmentInvalid, is_segment_name, new_name as new_segment_name
 from storaged.tokenize import index_terms, query_runs
 
-__all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex"]
+__all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex", "SegmentPlan"]
 
 FIELDS = ("content", "summary", "tags")
 
@@ -129,8 +131,14 @@ _CJK_CHAR = re.compile(
 # The dump's format string names the layout AND the tokenizer whose terms it holds: a dump is only
 # valid for the stemmer that made its terms.  /1: terms of the hand-written Porter stemmer; /2: of
 # PyStemmer's English Snowball (storaged/tokenize.py).
-_FORMAT = "convmem-search/2"
+_FORMAT = "convmem-search/3"  # /2 and the list of segments the postings below mem_lo are in
+_READABLE_FORMATS = ("convmem-search/2", _FORMAT)  # a /2 dump is a /3 one without segments
 _OUTDATED_FORMATS = ("convmem-search/1",)
+# Segment merging (SearchIndex.plan): a new segment takes in the segments before it while the one
+# before is at most _MERGE_RATIO times its postings (sizes then grow geometrically: a posting is
+# rewritten about log(n) times), and always when more than _MAX_SEGMENTS would remain.
+_MERGE_RATIO = 2
+_MAX_SEGMENTS = 10
 
 
 class DumpOutdated(ValueError):
@@ -326,26 +334,26 @@ def _contains(slots, s: int) -> bool:
 
 
 class _PhraseBonus:
-    """Docs holding every bigram of a CJK query run in this field."""
+    """Docs holding every bigram of a CJK query run in this field.  ``grams``: per bigram, its
+    posting lists (one per part of the index that holds it: a doc is in one of them)."""
 
-    __slots__ = ("field", "ub", "size", "parts", "_docs")
+    __slots__ = ("field", "ub", "size", "grams", "_docs")
 
-    def __init__(self, field, parts, bonus):
+    def __init__(self, field, grams, bonus):
         self.field = field
-        self.parts = sorted(parts, key=lambda p: 1 if type(p) is int else len(p))
+        self.grams = sorted(grams, key=_gram_size)
         self.ub = bonus
-        p0 = self.parts[0]
-        self.size = 1 if type(p0) is int else len(p0)
+        self.size = _gram_size(self.grams[0])
         self._docs = None
 
     def docs(self) -> set:
         if self._docs is None:
-            first, *rest = self.parts
-            cur = {first} if type(first) is int else set(first)
-            for p in rest:
+            first, *rest = self.grams
+            cur = _gram_docs(first)
+            for g in rest:
                 if not cur:
                     break
-                cur = cur & {p} if type(p) is int else cur.intersection(p)
+                cur = cur.intersection(_gram_docs(g))
             self._docs = cur
         return self._docs
 
@@ -368,7 +376,21 @@ class _PhraseBonus:
     def value(self, s: int) -> float:
         if self._docs is not None:
             return self.ub if s in self._docs else 0.0
-        return self.ub if all(_contains(p, s) for p in self.parts) else 0.0
+        return self.ub if all(any(_contains(p, s) for p in g) for g in self.grams) else 0.0
+
+
+def _gram_size(lists) -> int:
+    return sum(1 if type(p) is int else len(p) for p in lists)
+
+
+def _gram_docs(lists) -> set:
+    out = set()
+    for p in lists:
+        if type(p) is int:
+            out.add(p)
+        else:
+            out.update(p)
+    return out
 
 
 class _MaterialList:
@@ -500,13 +522,12 @@ def _ranked(acc: dict, first: int):
 
 def _note_char_term(ct: dict[str, array], term: str, tid: int) -> None:
     """Index a CJK bigram under each of its characters, so that a one-character query finds it."""
-    if len(term) == 2 and _CJK_CHAR.match(term):
-        for c in {term[0], term[1]}:
-            a = ct.get(c)
-            if a is None:
-                ct[c] = array("I", (tid,))
-            else:
-                a.append(tid)
+    for c in _bigram_chars(term):
+        a = ct.get(c)
+        if a is None:
+            ct[c] = array("I", (tid,))
+        else:
+            a.append(tid)
 
 
 class QueryScores:
@@ -707,32 +728,140 @@ class _PrefixVocab:
                 self.size += len(self.side)
                 self.side = []
 
-    def expansions(self, prefix: str, vocab: dict, budget: list[int]) -> list[str]:
-        """Live terms longer than ``prefix`` that begin with it: at most _PREFIX_SCAN looked at in
-        the runs' sorted order and in the side list, and ``budget[0]`` for the whole query (spent
-        in place)."""
-        out: list[str] = []
-        end = prefix + "\U0010ffff"  # every term beginning with prefix sorts below this
-        for runs in (self.runs, (self.side,)):
-            take = min(_PREFIX_SCAN, budget[0])
-            if take <= 0:
-                break
-            after = 0  # terms sorting at or after prefix: what one sorted list would show
-            found: list[str] = []
-            for lst in runs:
-                i = bisect_left(lst, prefix)
-                after += len(lst) - i
-                found += lst[i:min(i + take, bisect_left(lst, end, i))]
-            budget[0] -= min(take, after)
-            if len(runs) > 1:
-                found.sort()
-            for t in found[:take]:
-                if t != prefix and t in vocab and t not in out:
-                    out.append(t)
-        return out
+    def groups(self) -> list[list]:
+        """The sorted lists for _expansions: the runs (read as one), then the side list."""
+        return [[_list_reader(r) for r in self.runs], [_list_reader(self.side)]]
 
     def nbytes(self) -> int:
         return sum(map(sys.getsizeof, self.runs)) + sys.getsizeof(self.runs) + sys.getsizeof(self.side)
+
+
+def _list_reader(lst: list[str]) -> Callable:
+    """A reader of one sorted term list for _expansions: (terms in [prefix, end), at most ``take``;
+    how many sort at or after ``prefix``)."""
+    def read(prefix: str, end: str, take: int) -> tuple[list[str], int]:
+        i = bisect_left(lst, prefix)
+        return lst[i:min(i + take, bisect_left(lst, end, i))], len(lst) - i
+    return read
+
+
+def _expansions(prefix: str, groups: list, budget: list[int]) -> list[str]:
+    """Live terms longer than ``prefix`` that begin with it.  ``groups``: (readers, live) pairs —
+    the sorted lists of one part, read as the one sorted list they make together (a bisect each),
+    and the part's test of whether a listed term still has postings.  At most _PREFIX_SCAN terms
+    are looked at per group, and ``budget[0]`` for the whole query (spent in place)."""
+    out: list[str] = []
+    end = prefix + "\U0010ffff"  # every term beginning with prefix sorts below this
+    for readers, live in groups:
+        take = min(_PREFIX_SCAN, budget[0])
+        if take <= 0:
+            break
+        after = 0  # terms sorting at or after prefix: what one sorted list would show
+        found: list[str] = []
+        for read in readers:
+            got, n = read(prefix, end, take)
+            after += n
+            found += got
+        budget[0] -= min(take, after)
+        if len(readers) > 1:
+            found.sort()
+        for t in found[:take]:
+            if t != prefix and t not in out and live(t):
+                out.append(t)
+    return out
+
+
+class _MemPart:
+    """Postings held as Python objects by term id (the layout the module docstring describes),
+    as a part of the index that queries read: the index's own live lists (a view made per query),
+    or lists frozen by SearchIndex.plan() until they are written as a segment.  A Segment offers
+    the same methods over its file."""
+
+    __slots__ = ("vocab", "terms", "slots", "keys", "maxtf", "prefix", "slot_lo", "slot_hi", "nbytes", "postings_count",
+                 "_char_index")
+
+    def __init__(self, vocab, terms, slots, keys, maxtf, prefix, char_index, slot_lo, slot_hi,
+                 nbytes=0, postings_count=0):
+        self.vocab, self.terms, self.slots, self.keys, self.maxtf = vocab, terms, slots, keys, maxtf
+        self.prefix = prefix  # a _PrefixVocab, or None: no prefix expansion from this part
+        self._char_index = char_index  # () -> {character: array of tids}
+        self.slot_lo, self.slot_hi = slot_lo, slot_hi
+        self.nbytes, self.postings_count = nbytes, postings_count
+
+    def lookup(self, term: str) -> int:
+        return self.vocab.get(term, -1)
+
+    def postings(self, f: int, t: int):
+        p = self.slots[f][t]
+        if p is None:
+            return None
+        return p, self.keys[f][t], self.maxtf[f][t]
+
+    def df(self, t: int) -> int:
+        return sum(0 if p is None else 1 if type(p) is int else len(p) for p in (sl[t] for sl in self.slots))
+
+    def char_terms(self, ch: str):
+        return self._char_index().get(ch, ())
+
+    def prefix_groups(self) -> list:
+        pv = self.prefix
+        if pv is None or not pv.ready:
+            return []
+        return [(g, self.vocab.__contains__) for g in pv.groups()]
+
+    def items(self) -> list[tuple[str, int]]:
+        return sorted((t, tid) for tid, t in enumerate(self.terms) if t is not None)
+
+
+def _char_index_of(vocab: dict) -> Callable[[], dict]:
+    """A frozen part's character index, built on first use (a one-character CJK query)."""
+    cache: list = []
+
+    def get() -> dict:
+        if not cache:
+            ct: dict[str, array] = {}
+            for term, tid in vocab.items():
+                _note_char_term(ct, term, tid)
+            cache.append(ct)
+        return cache[0]
+    return get
+
+
+def _bigram_chars(term: str) -> set[str]:
+    """The characters a one-character query finds ``term`` by (_note_char_term's rule)."""
+    if len(term) == 2 and _CJK_CHAR.match(term):
+        return {term[0], term[1]}
+    return set()
+
+
+class SegmentPlan(NamedTuple):
+    """What the next segment holds (SearchIndex.plan): a run of the index's immutable parts, in
+    slot order, and the file name to write it under."""
+    parts: tuple
+    name: str
+    slot_lo: int
+    slot_hi: int
+
+
+def _tagged(items, i: int):
+    for term, ref in items:
+        yield term, i, ref
+
+
+def _merged_terms(run: Sequence) -> Any:
+    """(term, [(index in run, term's ref there)]) over every term of the parts of ``run``, in
+    ascending term order: a k-way merge of their sorted vocabularies."""
+    streams = [_tagged(part.items(), i) for i, part in enumerate(run)]
+    cur = None
+    refs: list = []
+    for term, i, ref in heap_merge(*streams):
+        if term != cur:
+            if cur is not None:
+                yield cur, refs
+            cur, refs = term, []
+        refs.append((i, ref))
+    if cur is not None:
+        yield cur, refs
 
 
 class SearchIndex:
@@ -763,6 +892,11 @@ class SearchIndex:
         self._char_terms: dict[str, array] | None = None  # built on first one-char CJK query
         self._prefix: _PrefixVocab | None = None  # started by the first query, built in steps
         self._prefix_next: _PrefixVocab | None = None  # a rebuild under way (the old one serves)
+        # The postings of slots below _mem_lo are in immutable parts, in slot order: Segments (files)
+        # and, until a snapshot writes them, frozen _MemParts (see plan()).  The lists above hold
+        # the slots from _mem_lo on.
+        self._parts: list = []
+        self._mem_lo = 0
         # memory accounting, maintained incrementally
         self._n_postings = 0
         self._n_arrays = 0
@@ -857,7 +991,8 @@ class SearchIndex:
         self._alive[slot] = 0
         self._live -= 1
         self._dead += 1
-        self._unswept += 1
+        if slot >= self._mem_lo:  # the sweeper purges the in-memory lists only
+            self._unswept += 1
         for f, lens in enumerate(self._lens):
             n = lens[slot]
             if n:
@@ -876,7 +1011,7 @@ class SearchIndex:
             return
         self._sweep_pos = None
         self._unswept -= self._sweep_covers
-        if self._dead >= _RENUMBER_MIN_DEAD and self._dead >= self._live:
+        if self._dead >= _RENUMBER_MIN_DEAD and self._dead >= self._live and not self._parts:
             self.compact()
 
     def _sweep(self, budget: int) -> bool:
@@ -941,7 +1076,15 @@ class SearchIndex:
     def compact(self) -> None:
         """Drop all tombstoned postings now, renumber slots densely, free terms left without
         postings.  One pass over all postings, mostly in C (measured in bench/search_speed.py);
-        runs by itself only when dead slots outnumber live ones."""
+        runs by itself only when dead slots outnumber live ones.  Once segments hold some slots,
+        their numbers are fixed: then only the in-memory lists are swept (segment merges drop the
+        segments' dead postings)."""
+        if self._parts:
+            self._sweep_pos = (0, 0)
+            self._sweep(1 << 62)
+            self._sweep_pos = None
+            self._unswept = 0
+            return
         self._sweep_pos = None
         self._unswept = 0
         if not self._dead:
@@ -1015,21 +1158,33 @@ class SearchIndex:
         return self._live
 
     def memory_bytes(self) -> int:
+        """Heap bytes: the live lists, the frozen parts, the per-slot arrays and the tables (a
+        segment's mapping is the page cache's: mapped_bytes())."""
         nf = len(FIELDS)
-        b = sys.getsizeof(self._vocab) + self._term_bytes + sys.getsizeof(self._terms)
-        b += sys.getsizeof(self._free_tids)
-        b += len(self._vocab) * _SIZEOF_INT  # tid ints (small ones are shared; overestimates a bit)
+        b = self._lists_bytes() + sum(p.nbytes for p in self._parts)
         for f in range(nf):
-            b += sys.getsizeof(self._slots[f]) + sys.getsizeof(self._keys[f])
-            b += sys.getsizeof(self._maxtf[f]) + sys.getsizeof(self._lens[f])
-        # posting arrays: data (+1/16 growth slack of array.append) and headers; a lone posting
-        # is a slot int plus a key int that is mostly a cached small int (tf 1, length < 256)
-        b += self._n_arrays * _SIZEOF_ARRAY + (self._n_postings * 6 * 17) // 16
-        b += (self._n_single * _SIZEOF_INT * 5) // 4
+            b += sys.getsizeof(self._lens[f])
         b += sys.getsizeof(self._slot_doc) + sys.getsizeof(self._alive) + self._docmap.nbytes()
         for (_, rows), t in self._tables.items():
             b += sys.getsizeof(t) + (rows << _DL_BITS) * _SIZEOF_FLOAT
         b += sum(a.nbytes for a in self._impacts.values())
+        return b
+
+    def mapped_bytes(self) -> int:
+        """Bytes of segment files mapped (what the kernel pages in as queries read them)."""
+        return sum(p.size for p in self._parts if isinstance(p, Segment))
+
+    def _lists_bytes(self) -> int:
+        """Heap bytes of the live lists and what serves them (vocabulary, prefix and char lists)."""
+        b = sys.getsizeof(self._vocab) + self._term_bytes + sys.getsizeof(self._terms)
+        b += sys.getsizeof(self._free_tids)
+        b += len(self._vocab) * _SIZEOF_INT  # tid ints (small ones are shared; overestimates a bit)
+        for f in range(len(FIELDS)):
+            b += sys.getsizeof(self._slots[f]) + sys.getsizeof(self._keys[f]) + sys.getsizeof(self._maxtf[f])
+        # posting arrays: data (+1/16 growth slack of array.append) and headers; a lone posting
+        # is a slot int plus a key int that is mostly a cached small int (tf 1, length < 256)
+        b += self._n_arrays * _SIZEOF_ARRAY + (self._n_postings * 6 * 17) // 16
+        b += (self._n_single * _SIZEOF_INT * 5) // 4
         for pv in (self._prefix, self._prefix_next):
             if pv is not None:
                 b += pv.nbytes()
@@ -1038,6 +1193,117 @@ class SearchIndex:
                 sys.getsizeof(a) + 2 * _SIZEOF_INT for a in self._char_terms.values()
             )
         return b
+
+    # --- segments -----------------------------------------------------------------------------
+
+    def plan(self) -> "SegmentPlan | None":
+        """Freeze the live lists into an immutable part (new docs go to fresh lists) and choose what
+        the next segment holds: every frozen part not yet written, with the segments just before
+        them while each is at most _MERGE_RATIO times the postings gathered so far (and while more
+        than _MAX_SEGMENTS would remain).  None when nothing is left unwritten.
+
+        Why freeze: the snapshot that names the segment is written by a forked child (or inline at
+        a stop); the frozen lists are what it writes, and until adopt() swaps the file in, queries
+        read the frozen lists, so there is no moment when a posting is in two parts or none."""
+        n = len(self._slot_doc)
+        if n > self._mem_lo:
+            self._freeze(n)
+        parts = self._parts
+        i = len(parts)
+        while i and isinstance(parts[i - 1], _MemPart):
+            i -= 1
+        if i == len(parts):
+            return None
+        size = sum(p.postings_count for p in parts[i:])
+        while i and (parts[i - 1].postings_count <= _MERGE_RATIO * size or i >= _MAX_SEGMENTS):
+            i -= 1
+            size += parts[i].postings_count
+        run = tuple(parts[i:])
+        return SegmentPlan(run, new_segment_name(), run[0].slot_lo, run[-1].slot_hi)
+
+    def _freeze(self, n: int) -> None:
+        pv = self._prefix if self._prefix is not None and self._prefix.ready else None
+        ct = self._char_terms
+        part = _MemPart(self._vocab, self._terms, self._slots, self._keys, self._maxtf, pv,
+                        _char_index_of(self._vocab) if ct is None else (lambda: ct), self._mem_lo, n,
+                        nbytes=self._lists_bytes(), postings_count=self._n_postings + self._n_single)
+        self._parts.append(part)
+        self._mem_lo = n
+        nf = len(FIELDS)
+        self._vocab = {}
+        self._terms = []
+        self._free_tids = []
+        self._slots = [[] for _ in range(nf)]
+        self._keys = [[] for _ in range(nf)]
+        self._maxtf = [bytearray() for _ in range(nf)]
+        self._char_terms = None
+        self._prefix = self._prefix_next = None
+        self._sweep_pos = None
+        self._unswept = 0
+        self._n_postings = self._n_arrays = self._n_single = self._term_bytes = 0
+
+    def write_segment(self, plan: "SegmentPlan", io, directory: str) -> str:
+        """Write ``plan``'s parts as one segment file in ``directory`` (fsynced; the caller fsyncs
+        the directory before a snapshot names it), without the postings of docs dead by now.
+        Reads only immutable parts, so a forked child may write what its parent froze.  Returns
+        the file's path."""
+        builder = SegmentBuilder(plan.slot_lo, plan.slot_hi, _bigram_chars)
+        alive = self._alive
+        clean = alive.find(0, plan.slot_lo, plan.slot_hi) < 0
+        run = plan.parts
+        nf = len(FIELDS)
+        for term, refs in _merged_terms(run):
+            lists: list = [None] * nf
+            for f in range(nf):
+                got = [g for g in (run[i].postings(f, t) for i, t in refs) if g is not None]
+                if not got:
+                    continue
+                if clean and len(got) == 1:
+                    lists[f] = got[0]
+                    continue
+                slots, keys = array("I"), array("H")
+                for p, k, _ in got:
+                    if type(p) is int:
+                        if clean or alive[p]:
+                            slots.append(p)
+                            keys.append(k)
+                    elif clean:
+                        slots.extend(p)
+                        keys.extend(k)
+                    else:
+                        mask = bytes(map(alive.__getitem__, p))
+                        slots.extend(compress(p, mask))
+                        keys.extend(compress(k, mask))
+                if len(slots) == 1:
+                    lists[f] = (slots[0], keys[0], keys[0] >> _DL_BITS)
+                elif slots:
+                    lists[f] = (slots, keys, max(keys) >> _DL_BITS)
+            builder.add(term, lists)
+        path = os.path.join(directory, plan.name)
+        builder.write(io, path)
+        return path
+
+    def adopt(self, plan: "SegmentPlan", segment: Segment) -> bool:
+        """Put the written ``segment`` in place of the parts it was made from; False if they are
+        no longer this index's (it was replaced by a rebuild meanwhile, or the plan was adopted)."""
+        parts, run = self._parts, plan.parts
+        k = len(run)
+        if (segment.slot_lo, segment.slot_hi) != (plan.slot_lo, plan.slot_hi):
+            raise SegmentInvalid(f"segment {segment.name} covers other slots than its plan")
+        for i in range(len(parts) - k + 1):
+            if all(parts[i + j] is run[j] for j in range(k)):
+                parts[i:i + k] = [segment]
+                return True
+        return False
+
+    def segment_names(self) -> list[str]:
+        return [p.name for p in self._parts if isinstance(p, Segment)]
+
+    def names_after(self, plan: "SegmentPlan | None") -> list[str]:
+        """The segments the index will consist of once ``plan`` (just made) is adopted."""
+        if plan is None:
+            return self.segment_names()
+        return [p.name for p in self._parts[:len(self._parts) - len(plan.parts)]] + [plan.name]
 
     def _table(self, f: int) -> list[float]:
         """Impact by key for field f: BM25's tf part at the field's average length (quantised to
@@ -1100,6 +1366,35 @@ class SearchIndex:
             self._prefix_next = None
         return pv if pv.ready else None
 
+    def _sources(self, prefix_vocab: _PrefixVocab | None) -> list:
+        """The parts a query reads, in slot order: the immutable ones, then a view of the live
+        lists (with ``prefix_vocab``, the live prefix list if it is ready)."""
+        live = _MemPart(self._vocab, self._terms, self._slots, self._keys, self._maxtf, prefix_vocab,
+                        self._char_index, self._mem_lo, None)
+        return [*self._parts, live] if self._parts else [live]
+
+    @staticmethod
+    def _term_postings(sources: list, term: str, fields) -> dict[int, list]:
+        """field → [(slots, keys, maxtf)] of ``term`` in each part holding it there."""
+        out: dict[int, list] = {}
+        for part in sources:
+            t = part.lookup(term)
+            if t < 0:
+                continue
+            for f in fields:
+                got = part.postings(f, t)
+                if got is not None:
+                    out.setdefault(f, []).append(got)
+        return out
+
+    @staticmethod
+    def _lists_of(f: int, got: list, w: float, table) -> list:
+        """One _TermList per part for a term's postings in field f (a doc is in one part only),
+        each with the term's bound over all parts (what the term can add to a doc, whichever
+        part holds it: the same bound as one list of them all)."""
+        maxtf = max(g[2] for g in got)
+        return [_TermList(f, p, k, w, table, maxtf) for p, k, _ in got]
+
     def _query_lists(self, query: str, fields: tuple[int, ...] = (0, 1, 2)) -> list:
         prefix_vocab = self._prefix_step()  # every query advances a build under way
         runs = query_runs(query)
@@ -1120,111 +1415,112 @@ class SearchIndex:
                 weights.update(run.terms)
         nf = len(FIELDS)
         tables = [self._table(f) if f in fields else None for f in range(nf)]
-        vocab = self._vocab
+        sources = self._sources(prefix_vocab)
         lists: list = []
-        by_term: dict[tuple[str, int], _TermList] = {}
+        by_term: dict[tuple[str, int], list] = {}
         for term, qtf in weights.items():
-            tid = vocab.get(term)
-            if tid is None:
-                continue
-            for f in fields:
-                p = self._slots[f][tid]
-                if p is None:
-                    continue
-                df = 1 if type(p) is int else len(p)
+            for f, got in self._term_postings(sources, term, fields).items():
+                df = sum(1 if type(g[0]) is int else len(g[0]) for g in got)
                 w = FIELD_WEIGHTS[f] * _idf(df, self._nonempty[f]) * qtf
-                tl = _TermList(f, p, self._keys[f][tid], w, tables[f], self._maxtf[f][tid])
-                lists.append(tl)
-                by_term[(term, f)] = tl
+                tls = self._lists_of(f, got, w, tables[f])
+                lists.extend(tls)
+                by_term[(term, f)] = tls
         for grams in dict.fromkeys(phrases):
             for f in fields:
                 parts = [by_term.get((g, f)) for g in grams]
                 if all(parts):
-                    bonus = sum(tl.ub for tl in parts)
-                    lists.append(_PhraseBonus(f, [tl.slots for tl in parts], bonus))
+                    bonus = sum(tls[0].ub for tls in parts)
+                    lists.append(_PhraseBonus(f, [[tl.slots for tl in tls] for tls in parts], bonus))
         prefixes: dict[str, str] = {}  # prefix → the exact term of the word it came from
         for run in runs:
             if not run.cjk:
                 for p in (run.terms[0], run.word):
                     if len(p) >= _PREFIX_MIN and p.isalpha():  # words, not codes ("inv2023")
                         prefixes.setdefault(p, run.terms[0])
-        if prefixes and prefix_vocab is not None:
-            lists.extend(self._prefix_lists(prefix_vocab, prefixes, weights, tables, fields))
+        if prefixes:
+            groups = [g for part in sources for g in part.prefix_groups()]
+            if groups:
+                lists.extend(self._prefix_lists(sources, groups, prefixes, weights, tables, fields))
         budget = [_CHAR_EXPANSION_BUDGET]  # shared by all the query's one-character runs
         for ch in dict.fromkeys(singles):
-            lists.extend(self._char_lists(ch, tables, weights[ch], fields, budget))
+            lists.extend(self._char_lists(sources, ch, tables, weights[ch], fields, budget))
         return lists
 
-    def _prefix_lists(self, pv: _PrefixVocab, prefixes: dict[str, str], exact: Counter, tables, fields) -> list:
+    def _prefix_lists(self, sources: list, groups: list, prefixes: dict[str, str], exact: Counter, tables,
+                      fields) -> list:
         """Lists for the vocabulary terms the query's words begin (see _PREFIX_MIN): per prefix the
         _PREFIX_TERMS with the most docs among its first _PREFIX_SCAN, each once per query, never a
         term the query holds exactly.  Weight _PREFIX_WEIGHT × idf, the idf capped by the exact
         term's where the exact term is indexed in that field, so a prefix match always counts for
         less than the exact word.  The lists are ordinary lists: the scan and probe budgets of
         search() bound their work like any other."""
-        vocab = self._vocab
         chosen: dict[str, str] = {}  # term → the exact query term it stands in for
         budget = [_PREFIX_QUERY_BUDGET]
         for p, base in prefixes.items():
             if budget[0] <= 0:
                 break
-            found = [t for t in pv.expansions(p, vocab, budget) if t not in exact and t not in chosen]
+            found = [t for t in _expansions(p, groups, budget) if t not in exact and t not in chosen]
             if len(found) > _PREFIX_TERMS:
-                found = nlargest(_PREFIX_TERMS, found, key=lambda t: (self._df(vocab[t]), t))
+                found = nlargest(_PREFIX_TERMS, found, key=lambda t: (self._df(sources, t), t))
             for t in found:
                 chosen[t] = base
         out = []
         for t, base in chosen.items():
             qtf = exact[base]
-            tid = vocab[t]
-            btid = vocab.get(base)
-            for f in fields:
-                p = self._slots[f][tid]
-                if p is None:
-                    continue
+            base_got = self._term_postings(sources, base, fields)
+            for f, got in self._term_postings(sources, t, fields).items():
                 n = self._nonempty[f]
-                idf = _idf(1 if type(p) is int else len(p), n)
-                bp = self._slots[f][btid] if btid is not None else None
-                if bp is not None:
-                    idf = min(idf, _idf(1 if type(bp) is int else len(bp), n))
+                idf = _idf(sum(1 if type(g[0]) is int else len(g[0]) for g in got), n)
+                bg = base_got.get(f)
+                if bg:
+                    idf = min(idf, _idf(sum(1 if type(g[0]) is int else len(g[0]) for g in bg), n))
                 w = _PREFIX_WEIGHT * FIELD_WEIGHTS[f] * idf * qtf
-                out.append(_TermList(f, p, self._keys[f][tid], w, tables[f], self._maxtf[f][tid]))
+                out.extend(self._lists_of(f, got, w, tables[f]))
         return out
 
-    def _df(self, tid: int) -> int:
-        return sum(0 if p is None else 1 if type(p) is int else len(p) for p in (sl[tid] for sl in self._slots))
+    @staticmethod
+    def _df(sources: list, term: str) -> int:
+        total = 0
+        for part in sources:
+            t = part.lookup(term)
+            if t >= 0:
+                total += part.df(t)
+        return total
 
-    def _char_lists(self, ch: str, tables, qtf: int, fields: tuple[int, ...], budget: list[int]) -> list:
+    def _char_lists(self, sources: list, ch: str, tables, qtf: int, fields: tuple[int, ...], budget: list[int]) -> list:
         """One-character CJK query: besides its unigram (indexed only where the character stood
         alone), the bigrams holding the character, merged into one synthetic term per field
         whose df is the number of docs reached; a doc counts its best posting among them.
         All of a query's one-character runs together read at most ~_CHAR_EXPANSION_BUDGET
         postings (``budget``, spent in place), so a very common character is partial and a query
         of many characters cannot multiply the work; past it, a character keeps its unigram only."""
-        tids = self._char_index().get(ch, ())
+        tids = [(part, part.char_terms(ch)) for part in sources]
         out = []
         for f in fields:
-            slots_f, keys_f = self._slots[f], self._keys[f]
             t = tables[f]
             best: dict[int, float] = {}  # slot → best impact among the expansions
             if budget[0] <= 0:
                 break
-            for tid in tids:
-                p = slots_f[tid]
-                if p is None:
-                    continue
-                if type(p) is int:
-                    v = t[keys_f[tid]]
-                    if best.get(p, -1.0) < v:
-                        best[p] = v
-                    budget[0] -= 1
-                else:
-                    get = best.get
-                    for s, k in zip(p, keys_f[tid]):
+            for part, refs in tids:
+                for tid in refs:
+                    got = part.postings(f, tid)
+                    if got is None:
+                        continue
+                    p, k, _ = got
+                    if type(p) is int:
                         v = t[k]
-                        if get(s, -1.0) < v:
-                            best[s] = v
-                    budget[0] -= len(p)
+                        if best.get(p, -1.0) < v:
+                            best[p] = v
+                        budget[0] -= 1
+                    else:
+                        get = best.get
+                        for s, k1 in zip(p, k):
+                            v = t[k1]
+                            if get(s, -1.0) < v:
+                                best[s] = v
+                        budget[0] -= len(p)
+                    if budget[0] <= 0:
+                        break
                 if budget[0] <= 0:
                     break
             if not best:
@@ -1545,7 +1841,11 @@ class SearchIndex:
 
     def dump(self) -> dict[str, Any]:
         """A msgpack-able dict of bytes: the state as is (tombstones included, so scores after
-        load are identical), posting lists concatenated per field."""
+        load are identical), posting lists concatenated per field, and the names of the segments
+        that hold the postings below ``mem_lo`` (frozen parts must be written first: plan(),
+        write_segment(), adopt())."""
+        if any(isinstance(p, _MemPart) for p in self._parts):
+            raise ValueError("the index has frozen parts not yet written as segments")
         fields = []
         for f in range(len(FIELDS)):
             slots_f, keys_f = self._slots[f], self._keys[f]
@@ -1586,20 +1886,50 @@ class SearchIndex:
             "docmap": self._docmap.arr.tobytes(),
             "docmap_extra": [[d, sl] for d, sl in self._docmap.extra.items()],
             "fields": fields,
+            "mem_lo": self._mem_lo,
+            "segments": [[p.name, p.slot_lo, p.slot_hi] for p in self._parts],
         }
 
     @classmethod
-    def load(cls, data: dict[str, Any]) -> "SearchIndex":
-        """Raises ValueError on anything that is not a dump of this format (DumpOutdated if it is one
-        of an earlier format)."""
+    def load(cls, data: dict[str, Any], directory: str | None = None, io=None) -> "SearchIndex":
+        """The index a dump describes, its segments mapped from ``directory``.  Raises ValueError
+        on anything that is not a dump of a readable format, or whose segments are missing or do
+        not fit it (SegmentInvalid), DumpOutdated if it is one of an earlier tokenizer."""
         if isinstance(data, dict) and data.get("format") in _OUTDATED_FORMATS:
             raise DumpOutdated(f"search index dump {data['format']} holds another tokenizer's terms")
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        if not isinstance(data, dict) or data.get("format") not in _READABLE_FORMATS:
             raise ValueError("not a search index dump")
         try:
-            return cls._load(data)
+            self = cls._load(data)
+            self._open_segments(data.get("segments", []), data.get("mem_lo", 0), directory, io)
+            return self
         except (KeyError, TypeError, IndexError, AttributeError, OverflowError, UnicodeError) as exc:
             raise ValueError(f"corrupt search index dump ({type(exc).__name__})") from None
+
+    def _open_segments(self, listed: list, mem_lo: int, directory: str | None, io) -> None:
+        """Map the dump's segments: each must exist, be whole, and cover the slots the dump says,
+        one after the other from slot 0 up to ``mem_lo``, where the dump's own lists begin."""
+        if listed and directory is None:
+            raise SegmentInvalid("the dump names segments but no directory to find them in")
+        at = 0
+        for name, lo, hi in listed:
+            if not isinstance(name, str) or not is_segment_name(name) or os.sep in name:
+                raise SegmentInvalid(f"not a segment name: {name!r}")
+            seg = Segment(os.path.join(directory, name), io)
+            if (seg.slot_lo, seg.slot_hi) != (lo, hi) or lo != at:
+                raise SegmentInvalid(f"segment {name} does not cover the slots the snapshot says")
+            self._parts.append(seg)
+            at = hi
+        if at != mem_lo or not 0 <= mem_lo <= len(self._slot_doc):
+            raise SegmentInvalid("the segments do not end where the dump's lists begin")
+        for f in range(len(FIELDS)):
+            for p in self._slots[f]:
+                if p is not None and (p if type(p) is int else p[0]) < mem_lo:
+                    raise SegmentInvalid("a listed posting lies in a segment's slots")
+        self._mem_lo = mem_lo
+        for seg in self._parts:
+            self._maxtf_all = [max(a, b) for a, b in zip(self._maxtf_all, seg.maxtf_all)]
+        self._unswept = self._alive.count(0, mem_lo) if mem_lo else self._unswept
 
     @classmethod
     def _load(cls, data: dict[str, Any]) -> "SearchIndex":

@@ -164,7 +164,8 @@ class Server:
         self.rebuild_cancel = threading.Event()
         self.rebuild_results: dict[str, dict[str, Any]] = {}
         self.rebuild_started = 0.0
-        self.snapshot_child: tuple[int, int, float] | None = None  # (pid, log position, started)
+        # (pid, log position, started, the segment plan it writes, the segment names it lists)
+        self.snapshot_child: tuple | None = None
         self.snapshot_every_records = SNAPSHOT_EVERY_RECORDS  # 0 turns background snapshots off
         self.handlers: dict[str, Callable[[Any, str], dict[str, Any]]] = {}  # op -> handler(request, rid)
         self.loader: threading.Thread | None = None
@@ -365,6 +366,9 @@ class Server:
         tmp = store.snapshot_path + layout.BACKGROUND_SUFFIX
         pos = store.writer.size
         parent = os.getpid()
+        # the index's live postings are frozen here: the child writes them as a segment, and the
+        # loop reads the frozen lists until the snapshot naming that segment is installed
+        plan, names = store.plan_snapshot()
         try:
             pid = os.fork()
         except OSError as exc:
@@ -381,20 +385,20 @@ class Server:
                 delay = float(os.environ.get("CONVMEM_FAULT_SNAPSHOT_DELAY_S") or 0)
                 if delay > 0:  # a fault-injection seam for tests: a snapshot that takes this long
                     time.sleep(delay)
-                store.write_snapshot_file(tmp)
+                store.write_snapshot_file(tmp, plan)
                 code = 0
             except BaseException:
                 pass
             finally:
                 os._exit(code)
-        self.snapshot_child = (pid, pos, time.monotonic())
+        self.snapshot_child = (pid, pos, time.monotonic(), plan, names)
         # counted as taken now, so that a failing child is not started again at every request
         store.snapshot_records = store.record_count
         store.snapshot_unindexed = len(store.unindexed)
         LOG.info("background snapshot started (pid %d, log position %d)", pid, pos)
 
     def _reap_snapshot_child(self, block: bool, kill: bool = False) -> None:
-        pid, pos, started = self.snapshot_child
+        pid, pos, started, plan, names = self.snapshot_child
         if kill or time.monotonic() - started > SNAPSHOT_CHILD_MAX_S:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -411,7 +415,7 @@ class Server:
         tmp = self.store.snapshot_path + layout.BACKGROUND_SUFFIX
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and not kill and not self.store.rebuilding:
             try:
-                self.store.install_snapshot(tmp, pos)
+                self.store.install_snapshot(tmp, pos, plan, names)
                 LOG.info("background snapshot installed in %.2f s (log position %d)",
                          time.monotonic() - started, pos)
                 return

@@ -25,7 +25,11 @@ END_MAGIC = b"CVMEMEND"
 # 3 (rows with the text, event fields, session metadata, checkpoints) and 2 (release 0.1: rows of 16
 # fields) cannot be used: they do not say where each text lies in the log. A store that has one
 # replays its log once and writes a version 4 (Store._migrate_snapshot): that is the migration.
-VERSION = 4
+# 5: the search index dump names the segment files that hold most postings (storaged/segment.py); a
+# 4 is read as one without segments (its dump holds every posting), so it needs no migration, but a
+# daemon of the release before refuses a 5 (it would read an index without the segments' postings).
+VERSION = 5
+READABLE_VERSIONS = (4, 5)
 OUTDATED_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
@@ -97,7 +101,7 @@ def read(io: FileIO, path: str) -> tuple[dict[str, Any], list[list[Any]], Any]:
             raise SnapshotInvalid("snapshot has a bad magic number")
         if version in OUTDATED_VERSIONS:
             raise SnapshotOutdated(f"snapshot format {version} predates text read from the log")
-        if version != VERSION:
+        if version not in READABLE_VERSIONS:
             raise SnapshotInvalid(f"snapshot format {version} is not known")
         if HEAD.size + length + TRAILER.size != len(buf):
             raise SnapshotInvalid("snapshot length does not match its trailer")

@@ -41,7 +41,8 @@ from .idgen import IdClock, ulid_ms
 from .indexes import IndexSizes, RelationIndex, Session, TouchIndex
 from .ingeststate import IngestState
 from .model import Message, message_from_args
-from .search import DumpOutdated, SearchIndex
+from .search import DumpOutdated, SearchIndex, SegmentPlan
+from .segment import Segment, is_segment_name
 from .sessionorder import SessionOrder
 from .text import LogText, locate
 
@@ -129,6 +130,7 @@ class Store:
         self.snapshot_records = 0         # record_count when the snapshot on disk was taken
         self.snapshot_unindexed = 0       # messages it left queued for the search index (see unindexed)
         self.snapshot_outdated = False    # the snapshot on disk is of an earlier format (see _migrate)
+        self.snapshot_segments: list[str] = []  # the index segment files the snapshot on disk names
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
         self.group_commit = False
@@ -225,6 +227,7 @@ class Store:
                                              f"writes are refused until a restart succeeds")
             LOG.error("%s", self.last_error)
             return
+        self.collect_segments()  # a crash's orphans, a merge's inputs whose removal a crash interrupted
         if self.snapshot_outdated:
             self._migrate_snapshot()
 
@@ -246,7 +249,8 @@ class Store:
             meta, messages, search_dump = snapshot.read(self.io, self.snapshot_path)
             if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
-            self._index = SearchIndex.load(search_dump)
+            self._index = SearchIndex.load(search_dump, self.dir, self.io)
+            self.snapshot_segments = self._index.segment_names()
         except (snapshot.SnapshotOutdated, DumpOutdated) as exc:
             LOG.warning("the snapshot is of an earlier format (%s): replaying the whole log once; a snapshot "
                         "of the current format is written right after", exc)
@@ -720,25 +724,61 @@ class Store:
         return self.writer is not None and not self.corrupt and not self.broken and (
             self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed)
 
-    def write_snapshot_file(self, tmp: str) -> int:
-        """Write (and fsync) the current state to ``tmp``, not yet in place. Returns the log position
-        it covers. Used directly by a forked child, which sees a frozen copy of the state."""
+    def plan_snapshot(self) -> tuple[SegmentPlan | None, list[str]]:
+        """Before a snapshot: freeze the search index's live postings and plan the segment the
+        snapshot writes (SearchIndex.plan), and the segment names the snapshot will list. Called
+        by the process that keeps the store (before a background snapshot's fork, or inline)."""
+        plan = self._index.plan()
+        return plan, self._index.names_after(plan)
+
+    def write_snapshot_file(self, tmp: str, plan: SegmentPlan | None) -> int:
+        """Write (and fsync) ``plan``'s segment, then the current state to ``tmp``, not yet in place.
+        Returns the log position it covers. Used directly by a forked child, which sees a frozen
+        copy of the state (the segment it writes is put in its copy of the index, for the dump)."""
         pos = self.writer.size
+        if plan is not None:
+            path = self._index.write_segment(plan, self.io, self.dir)
+            self.io.sync_dir(self.dir)  # the file's name is durable before a snapshot names it
+            self._index.adopt(plan, Segment(path, self.io))
         msgs = (m.row() for m in self.by_seq.values())
         snapshot.write_file(self.io, tmp, self.snapshot_meta(self.salt, pos), msgs, self._index.dump())
         return pos
 
-    def install_snapshot(self, tmp: str, pos: int) -> None:
+    def install_snapshot(self, tmp: str, pos: int, plan: SegmentPlan | None, names: list[str]) -> None:
+        """Put a written snapshot in place, then map the segment it was written with (if this process
+        did not write it: a background child did) and remove the segment files no longer named."""
         self.io.replace(tmp, self.snapshot_path)
         self.io.sync_dir(self.dir)
         self.snapshot_pos = pos
+        self.snapshot_segments = list(names)
+        if plan is not None and plan.name not in self._index.segment_names():
+            try:
+                self._index.adopt(plan, Segment(os.path.join(self.dir, plan.name), self.io))
+            except (OSError, ValueError) as exc:  # the frozen postings go on serving; a later snapshot writes them
+                LOG.warning("the new index segment could not be mapped (%s); keeping its postings in memory", exc)
+        self.collect_segments()
+
+    def collect_segments(self) -> None:
+        """Remove the segment files that neither the snapshot on disk nor the index names: a merge's
+        inputs once a snapshot without them is in place, a crashed write's orphan. Never called
+        while a rebuild's worker writes its own segment (which nothing names until its install):
+        snapshots are neither started nor installed during a rebuild, and a stop cancels it first."""
+        keep = set(self.snapshot_segments) | set(self._index.segment_names())
+        try:
+            names = self.io.listdir(self.dir)
+        except OSError:
+            return
+        for name in names:
+            if is_segment_name(name) and name not in keep:
+                self.io.remove(os.path.join(self.dir, name))
 
     def write_snapshot(self) -> bool:
         """Save the state for a fast next start (at a clean stop). Skipped when nothing changed."""
         if not self.snapshot_due():
             return False
         tmp = self.snapshot_path + layout.TMP_SUFFIX
-        self.install_snapshot(tmp, self.write_snapshot_file(tmp))
+        plan, names = self.plan_snapshot()
+        self.install_snapshot(tmp, self.write_snapshot_file(tmp, plan), plan, names)
         self.snapshot_records = self.record_count
         self.snapshot_unindexed = len(self.unindexed)
         return True

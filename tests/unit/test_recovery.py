@@ -425,10 +425,17 @@ def test_a_search_dump_of_an_earlier_stemmer_is_never_read_and_replaced_at_once(
     s.search  # indexes the queue: the dump holds every message's terms, as the earlier release's did
     assert s.write_snapshot()
     state = live_state(s)
+    docs = [(m.seq, m.content, m.summary, m.tags) for m in s.by_seq.values()]
     s.close()
-    # Make the snapshot what the earlier release wrote: its format string and Porter's terms.
+    # Make the snapshot what the earlier release wrote: its format string and Porter's terms, every
+    # posting in the dump (that release had no segments).
     path = os.path.join(d, "snapshot")
-    meta, messages, dump = snapshot.read(FileIO(), path)
+    meta, messages, _ = snapshot.read(FileIO(), path)
+    earlier = S.SearchIndex()
+    for doc in docs:
+        earlier.add(*doc)
+    dump = earlier.dump()
+    del dump["segments"], dump["mem_lo"]
     dump["terms"] = "\n".join(PORTER_TERMS.get(t, t) for t in dump["terms"].split("\n"))
     porter_index = S.SearchIndex.load(dump)  # what reading it would serve: no hit for these words
     assert [bool(porter_index.search(q, 10)) for q in (*PORTER_TEXTS, "see")] == [False, False, False, True]

@@ -680,19 +680,19 @@ def test_prefix_expansion_work_is_bounded_per_query():
 
     ix = make([(d, " ".join(f"prefixword{letters(d)}x{letters(k)}" for k in range(30))) for d in range(1, 200)])
     seen = []
-    real = search_mod._PrefixVocab.expansions
+    real = search_mod._expansions
 
-    def counting(self, prefix, vocab, budget):
+    def counting(prefix, groups, budget):
         before = budget[0]
-        out = real(self, prefix, vocab, budget)
+        out = real(prefix, groups, budget)
         seen.append(before - budget[0])
         return out
 
-    search_mod._PrefixVocab.expansions = counting
+    search_mod._expansions = counting
     try:
         hits = ix.search(" ".join(f"prefixword{letters(d)}" for d in range(1, 200)), 5)
     finally:
-        search_mod._PrefixVocab.expansions = real
+        search_mod._expansions = real
     assert sum(seen) <= search_mod._PREFIX_QUERY_BUDGET
     assert hits
 

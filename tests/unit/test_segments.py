@@ -1,0 +1,179 @@
+"""Search-index segments (storaged/segment.py, SearchIndex.plan/write_segment/adopt): an index whose
+postings are partly in mapped files, partly in frozen lists and partly live answers every query as
+the same docs held in memory alone would, and a segment that is torn, rotten or not the one the
+snapshot names is refused, never read."""
+from __future__ import annotations
+
+import os
+import random
+
+import msgpack
+import pytest
+
+from storaged import search as search_mod
+from storaged.fileio import FileIO
+from storaged.search import SearchIndex
+from storaged.segment import Segment, SegmentInvalid
+
+WORDS = [f"w{i}" for i in range(2000)] + [
+    "searching", "searchable", "searchers", "database", "databases", "東京", "京都", "大阪", "データ", "ベース",
+]
+QUERIES = [
+    "w1", "w2 w3", "w10 w11 w12 w13 w14", "search", "searchable w5", "databa", "東京", "京", "データベース",
+    "東京 大阪", "w1999", "missing words here", "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9", "tag3", "大",
+]
+
+
+def _text(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS[:40]) if rng.random() < 0.5 else rng.choice(WORDS)
+                    for _ in range(rng.randint(1, 30)))
+
+
+def _docs(n: int, seed: int = 7) -> list[tuple[int, str, str | None, list[str]]]:
+    rng = random.Random(seed)
+    return [(seq, _text(rng), _text(rng) if rng.random() < 0.2 else None, [f"tag{rng.randint(0, 5)}"])
+            for seq in range(1, n + 1)]
+
+
+def _results(index: SearchIndex, query: str, limit: int = 20) -> list[tuple[int, float]]:
+    return [(h.doc, h.score) for h in index.search(query, limit)]
+
+
+def _assert_same(a: SearchIndex, b: SearchIndex) -> None:
+    for q in QUERIES:
+        for limit in (1, 5, 50):
+            ra, rb = _results(a, q, limit), _results(b, q, limit)
+            assert len(ra) == len(rb), q
+            for (da, sa), (db, sb) in zip(ra, rb):
+                assert sa == pytest.approx(sb, rel=1e-9, abs=1e-12), q
+            # the same docs, up to the order of docs tied within float noise (and which of those
+            # tied with the last one made the cut)
+            if ra:
+                last = round(ra[-1][1], 9)
+                assert ({(d, round(v, 9)) for d, v in ra if round(v, 9) != last}
+                        == {(d, round(v, 9)) for d, v in rb if round(v, 9) != last}), q
+
+
+def _snapshot(index: SearchIndex, directory: str, io: FileIO, adopt: bool = True):
+    plan = index.plan()
+    if plan is None:
+        return None
+    path = index.write_segment(plan, io, directory)
+    if adopt:
+        assert index.adopt(plan, Segment(path, io))
+    return plan
+
+
+def test_segments_answer_as_memory_does(tmp_path):
+    io = FileIO()
+    docs = _docs(2400)
+    mem, seg = SearchIndex(), SearchIndex()
+    for i, (seq, c, s, t) in enumerate(docs):
+        mem.add(seq, c, s, t)
+        seg.add(seq, c, s, t)
+        if i % 400 == 399:
+            # every other batch stays frozen a while (a snapshot child still writing it)
+            _snapshot(seg, str(tmp_path), io, adopt=(i // 400) % 2 == 0)
+    assert seg._parts and seg.segment_names()
+    _assert_same(mem, seg)
+    # everything written: a load maps the same segments and answers the same
+    _snapshot(seg, str(tmp_path), io)
+    assert not any(isinstance(p, search_mod._MemPart) for p in seg._parts)
+    back = SearchIndex.load(msgpack.unpackb(msgpack.packb(seg.dump())), str(tmp_path), io)
+    assert back.segment_names() == seg.segment_names()
+    _assert_same(mem, back)
+    # geometric merging keeps the count of segments small
+    assert len(back.segment_names()) <= search_mod._MAX_SEGMENTS
+
+
+def test_deletes_and_merges(tmp_path, monkeypatch):
+    io = FileIO()
+    docs = _docs(1500, seed=3)
+    rng = random.Random(11)
+    mem, seg = SearchIndex(), SearchIndex()
+    for i, (seq, c, s, t) in enumerate(docs):
+        mem.add(seq, c, s, t)
+        seg.add(seq, c, s, t)
+        if i % 300 == 299:
+            _snapshot(seg, str(tmp_path), io)
+    dead = rng.sample([d[0] for d in docs], 500)
+    for seq in dead:
+        mem.remove(seq)
+        seg.remove(seq)
+    # an update: the doc comes back with new text, in the live lists
+    mem.add(dead[0], "searchable brand new words", None, [])
+    seg.add(dead[0], "searchable brand new words", None, [])
+    for q in QUERIES:
+        assert not {d for d, _ in _results(seg, q, 100)} & set(dead[1:]), q
+    # one merge of everything drops the dead postings: then the statistics agree exactly
+    monkeypatch.setattr(search_mod, "_MAX_SEGMENTS", 1)
+    before = sum(p.postings_count for p in seg._parts) + seg._n_postings + seg._n_single
+    _snapshot(seg, str(tmp_path), io)
+    assert len(seg._parts) == 1
+    assert seg._parts[0].postings_count < before * 0.8  # a third of the docs died
+    mem.compact()
+    _assert_same(mem, seg)
+    assert {d for d, _ in _results(seg, "searchable brand", 5)} >= {dead[0]}
+
+
+def test_dump_refuses_frozen_parts_and_stale_plans_are_not_adopted(tmp_path):
+    io = FileIO()
+    index = SearchIndex()
+    for seq, c, s, t in _docs(50):
+        index.add(seq, c, s, t)
+    plan = index.plan()
+    with pytest.raises(ValueError):
+        index.dump()
+    path = index.write_segment(plan, io, str(tmp_path))
+    other = SearchIndex()
+    assert not other.adopt(plan, Segment(path, io))
+    assert index.adopt(plan, Segment(path, io))
+    assert not index.adopt(plan, Segment(path, io))  # already in place
+    assert index.plan() is None  # nothing new to write
+    index.dump()
+
+
+def _written(tmp_path) -> tuple[SearchIndex, str, dict]:
+    io = FileIO()
+    index = SearchIndex()
+    for seq, c, s, t in _docs(300):
+        index.add(seq, c, s, t)
+    _snapshot(index, str(tmp_path), io)
+    (name,) = index.segment_names()
+    return index, os.path.join(str(tmp_path), name), msgpack.unpackb(msgpack.packb(index.dump()))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "missing", "other_slots", "path_name"])
+def test_a_damaged_or_foreign_segment_is_refused(tmp_path, damage):
+    _, path, dump = _written(tmp_path)
+    if damage == "truncate":
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 8)
+    elif damage == "flip":
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0x10]))
+    elif damage == "missing":
+        os.unlink(path)
+    elif damage == "other_slots":
+        dump["segments"][0][2] += 1
+    elif damage == "path_name":
+        dump["segments"][0][0] = "../" + dump["segments"][0][0]
+    if damage in ("truncate", "flip", "missing"):
+        with pytest.raises(SegmentInvalid):
+            Segment(path)
+    with pytest.raises(ValueError):
+        SearchIndex.load(dump, str(tmp_path), FileIO())
+
+
+def test_a_format_2_dump_loads_without_segments():
+    index = SearchIndex()
+    for seq, c, s, t in _docs(100):
+        index.add(seq, c, s, t)
+    dump = index.dump()
+    dump["format"] = "convmem-search/2"
+    del dump["segments"], dump["mem_lo"]
+    back = SearchIndex.load(dump)
+    _assert_same(index, back)
