@@ -52,14 +52,14 @@ import sys
 from array import array
 from bisect import bisect_left, insort
 from collections import Counter
-from heapq import heapify, heappop, merge as heap_merge, nlargest
+from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress, repeat
 from operator import and_, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from storaged.segment import Segment, SegmentBuilder, SegmentInvalid, is_segment_name, new_name as new_segment_name
+from storaged.segment import Segment, SegmentInvalid, is_segment_name, new_name as new_segment_name, write as segment_write
 from storaged.tokenize import index_terms, query_runs
 
 __all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex", "SegmentPlan"]
@@ -771,6 +771,28 @@ def _expansions(prefix: str, groups: list, budget: list[int]) -> list[str]:
     return out
 
 
+def _export_lists(slots_f: list, keys_f: list) -> tuple[array, array, array, array]:
+    """(tids, postings per tid, all slots, all keys) of one field's lists, concatenated in tid
+    order: the dump's layout, and what a segment is written from."""
+    tids = array("I")
+    counts = array("I")
+    all_slots = array("I")
+    all_keys = array("H")
+    for tid, p in enumerate(slots_f):
+        if p is None:
+            continue
+        tids.append(tid)
+        if type(p) is int:
+            counts.append(1)
+            all_slots.append(p)
+            all_keys.append(keys_f[tid])
+        else:
+            counts.append(len(p))
+            all_slots.extend(p)
+            all_keys.extend(keys_f[tid])
+    return tids, counts, all_slots, all_keys
+
+
 class _MemPart:
     """Postings held as Python objects by term id (the layout the module docstring describes),
     as a part of the index that queries read: the index's own live lists (a view made per query),
@@ -809,8 +831,14 @@ class _MemPart:
             return []
         return [(g, self.vocab.__contains__) for g in pv.groups()]
 
-    def items(self) -> list[tuple[str, int]]:
-        return sorted((t, tid) for tid, t in enumerate(self.terms) if t is not None)
+    def export(self, f: int) -> tuple:
+        """Segment.export for these lists (numpy arrays)."""
+        tids, counts, slots, keys = _export_lists(self.slots[f], self.keys[f])
+        return (np.frombuffer(tids, np.uint32), np.frombuffer(counts, np.uint32),
+                np.frombuffer(slots, np.uint32), np.frombuffer(keys, np.uint16))
+
+    def term_list(self) -> list:
+        return self.terms
 
 
 def _char_index_of(vocab: dict) -> Callable[[], dict]:
@@ -841,27 +869,6 @@ class SegmentPlan(NamedTuple):
     name: str
     slot_lo: int
     slot_hi: int
-
-
-def _tagged(items, i: int):
-    for term, ref in items:
-        yield term, i, ref
-
-
-def _merged_terms(run: Sequence) -> Any:
-    """(term, [(index in run, term's ref there)]) over every term of the parts of ``run``, in
-    ascending term order: a k-way merge of their sorted vocabularies."""
-    streams = [_tagged(part.items(), i) for i, part in enumerate(run)]
-    cur = None
-    refs: list = []
-    for term, i, ref in heap_merge(*streams):
-        if term != cur:
-            if cur is not None:
-                yield cur, refs
-            cur, refs = term, []
-        refs.append((i, ref))
-    if cur is not None:
-        yield cur, refs
 
 
 class SearchIndex:
@@ -1246,41 +1253,67 @@ class SearchIndex:
         """Write ``plan``'s parts as one segment file in ``directory`` (fsynced; the caller fsyncs
         the directory before a snapshot names it), without the postings of docs dead by now.
         Reads only immutable parts, so a forked child may write what its parent froze.  Returns
-        the file's path."""
-        builder = SegmentBuilder(plan.slot_lo, plan.slot_hi, _bigram_chars)
-        alive = self._alive
-        clean = alive.find(0, plan.slot_lo, plan.slot_hi) < 0
+        the file's path.
+
+        In numpy, but for the vocabulary: the parts' terms are merged into one sorted list, each
+        part's postings (in term-id order) get their terms' new numbers, and each posting is put
+        straight at its place — its term's start, plus what the parts before put there, plus its
+        rank in its list — so the lists stay in slot order (the parts are) without any sort."""
         run = plan.parts
-        nf = len(FIELDS)
-        for term, refs in _merged_terms(run):
-            lists: list = [None] * nf
-            for f in range(nf):
-                got = [g for g in (run[i].postings(f, t) for i, t in refs) if g is not None]
-                if not got:
-                    continue
-                if clean and len(got) == 1:
-                    lists[f] = got[0]
-                    continue
-                slots, keys = array("I"), array("H")
-                for p, k, _ in got:
-                    if type(p) is int:
-                        if clean or alive[p]:
-                            slots.append(p)
-                            keys.append(k)
-                    elif clean:
-                        slots.extend(p)
-                        keys.extend(k)
-                    else:
-                        mask = bytes(map(alive.__getitem__, p))
-                        slots.extend(compress(p, mask))
-                        keys.extend(compress(k, mask))
-                if len(slots) == 1:
-                    lists[f] = (slots[0], keys[0], keys[0] >> _DL_BITS)
-                elif slots:
-                    lists[f] = (slots, keys, max(keys) >> _DL_BITS)
-            builder.add(term, lists)
+        names = [part.term_list() for part in run]
+        vocab = sorted({t for lst in names for t in lst if t is not None})
+        number = {t: i for i, t in enumerate(vocab)}
+        maps = [np.fromiter((-1 if t is None else number[t] for t in lst), np.int64, len(lst)) for lst in names]
+        del number
+        nt = len(vocab)
+        alive = np.frombuffer(bytes(self._alive[plan.slot_lo:plan.slot_hi]), np.uint8)
+        clean = bool(alive.all())
+        fields = []
+        used = np.zeros(nt, bool)
+        for f in range(len(FIELDS)):
+            pieces = []
+            counts = np.zeros(nt, np.int64)
+            for part, tmap in zip(run, maps):
+                tids, lengths, slots, keys = part.export(f)
+                term_of = np.repeat(tmap[tids.astype(np.int64)], lengths.astype(np.int64))
+                rank = np.arange(len(slots), dtype=np.int64) - np.repeat(
+                    np.cumsum(lengths, dtype=np.int64) - lengths, lengths.astype(np.int64))
+                if not clean:
+                    keep = alive[slots.astype(np.int64) - plan.slot_lo] != 0
+                    term_of, slots, keys = term_of[keep], slots[keep], keys[keep]
+                    rank = rank[keep]
+                    # ranks among the kept postings of each list
+                    firsts = np.ones(len(term_of), bool)
+                    firsts[1:] = term_of[1:] != term_of[:-1]
+                    starts = np.flatnonzero(firsts)
+                    rank = np.arange(len(term_of)) - np.repeat(starts, np.diff(np.append(starts, len(term_of))))
+                pieces.append((term_of, rank, slots, keys))
+                counts += np.bincount(term_of, minlength=nt)
+            off = np.zeros(nt + 1, np.int64)
+            np.cumsum(counts, out=off[1:])
+            out_slots = np.empty(off[-1], np.uint32)
+            out_keys = np.empty(off[-1], np.uint16)
+            filled = np.zeros(nt, np.int64)
+            for term_of, rank, slots, keys in pieces:
+                at = off[term_of] + filled[term_of] + rank
+                out_slots[at] = slots
+                out_keys[at] = keys
+                filled += np.bincount(term_of, minlength=nt)
+            del pieces
+            maxtf = np.zeros(nt, np.uint8)
+            nonempty = np.flatnonzero(counts)
+            if len(nonempty):
+                maxtf[nonempty] = np.maximum.reduceat(out_keys >> _DL_BITS, off[nonempty]).astype(np.uint8)
+            used |= counts > 0
+            fields.append([off, out_slots, out_keys, maxtf])
+        if not used.all():  # terms whose every posting died: left out
+            keep = np.flatnonzero(used)
+            vocab = [vocab[i] for i in keep.tolist()]
+            for fd in fields:
+                fd[0] = np.append(fd[0][:-1][keep], fd[0][-1])
+                fd[3] = fd[3][keep]
         path = os.path.join(directory, plan.name)
-        builder.write(io, path)
+        segment_write(io, path, plan.slot_lo, plan.slot_hi, vocab, fields, _bigram_chars)
         return path
 
     def adopt(self, plan: "SegmentPlan", segment: Segment) -> bool:
@@ -1848,23 +1881,7 @@ class SearchIndex:
             raise ValueError("the index has frozen parts not yet written as segments")
         fields = []
         for f in range(len(FIELDS)):
-            slots_f, keys_f = self._slots[f], self._keys[f]
-            tids = array("I")
-            counts = array("I")
-            all_slots = array("I")
-            all_keys = array("H")
-            for tid, p in enumerate(slots_f):
-                if p is None:
-                    continue
-                tids.append(tid)
-                if type(p) is int:
-                    counts.append(1)
-                    all_slots.append(p)
-                    all_keys.append(keys_f[tid])
-                else:
-                    counts.append(len(p))
-                    all_slots.extend(p)
-                    all_keys.extend(keys_f[tid])
+            tids, counts, all_slots, all_keys = _export_lists(self._slots[f], self._keys[f])
             fields.append(
                 {
                     "tids": tids.tobytes(),

@@ -29,7 +29,6 @@ import os
 import struct
 import sys
 import zlib
-from array import array
 from bisect import bisect_left
 from typing import Callable, Iterable, Sequence
 
@@ -38,7 +37,7 @@ import numpy as np
 from . import layout
 from .fileio import FileIO
 
-__all__ = ["Segment", "SegmentBuilder", "SegmentInvalid", "new_name", "is_segment_name"]
+__all__ = ["Segment", "SegmentInvalid", "write", "new_name", "is_segment_name"]
 
 MAGIC = b"CMSEG\x00\x00\x01"
 VERSION = 1
@@ -70,89 +69,66 @@ def _always(_term: str) -> bool:
     return True
 
 
-class SegmentBuilder:
-    """Collects terms in sorted order with their postings per field, then writes the file."""
-
-    def __init__(self, slot_lo: int, slot_hi: int, chars_of: Callable[[str], Iterable[str]]) -> None:
-        """``chars_of(term)``: the characters a one-character query finds the term by (search.py's
-        rule for CJK bigrams), listed in the character table."""
-        self.slot_lo, self.slot_hi = slot_lo, slot_hi
-        self._chars_of = chars_of
-        self.terms: list[bytes] = []
-        self.term_off = array("Q", [0])
-        self.post_off = [array("Q", [0]) for _ in range(NFIELDS)]
-        self.slots = [array("I") for _ in range(NFIELDS)]
-        self.keys = [array("H") for _ in range(NFIELDS)]
-        self.maxtf = [bytearray() for _ in range(NFIELDS)]
-        self.chars: list[tuple[int, int]] = []
-        self._size = 0
-        self._last = None
-
-    def __len__(self) -> int:
-        return len(self.terms)
-
-    def add(self, term: str, lists: Sequence) -> None:
-        """``lists[f]``: (slots, keys, maxtf) of the term in field f, or None; slots ascending
-        within [slot_lo, slot_hi). A term with no posting in any field is not added."""
-        if not any(lists):
-            return
-        raw = term.encode("utf-8", "surrogatepass")
-        if self._last is not None and raw <= self._last:
-            raise ValueError("segment terms must be added in ascending order")
-        self._last = raw
-        t = len(self.terms)
-        self.terms.append(raw)
-        self._size += len(raw)
-        self.term_off.append(self._size)
-        for f in range(NFIELDS):
-            got = lists[f]
-            if got:
-                slots, keys, maxtf = got
-                if type(slots) is int:
-                    self.slots[f].append(slots)
-                    self.keys[f].append(keys)
-                else:
-                    self.slots[f].extend(slots)
-                    self.keys[f].extend(keys)
-                self.maxtf[f].append(maxtf)
-            else:
-                self.maxtf[f].append(0)
-            self.post_off[f].append(len(self.slots[f]))
-        for c in self._chars_of(term):
-            self.chars.append((ord(c), t))
-
-    def write(self, io: FileIO, path: str) -> int:
-        """Write the file (new, 0600), fsync it; the caller fsyncs the directory before anything
-        names the file. Returns its size."""
-        self.chars.sort()
-        char_cp = array("I", (c for c, _ in self.chars))
-        char_term = array("I", (t for _, t in self.chars))
-        body = [self.term_off, b"".join(self.terms), char_cp, char_term]
-        for f in range(NFIELDS):
-            body += [self.post_off[f], self.slots[f], self.keys[f], self.maxtf[f]]
-        sections = []
+def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], fields: Sequence,
+          chars_of: Callable[[str], Iterable[str]]) -> int:
+    """Write a segment file (new, 0600) and fsync it; the caller fsyncs the directory before anything
+    names the file. ``terms``: sorted, unique; ``fields[f]``: (post_off u64[len(terms) + 1], slots
+    u32, keys u16, maxtf u8[len(terms)]) as numpy arrays; ``chars_of(term)``: the characters a
+    one-character query finds the term by (search.py's rule for CJK bigrams). Returns the size."""
+    raw_terms = [t.encode("utf-8", "surrogatepass") for t in terms]
+    term_off = np.zeros(len(terms) + 1, np.uint64)
+    np.cumsum(np.fromiter(map(len, raw_terms), np.uint64, len(raw_terms)), out=term_off[1:])
+    chars = sorted((ord(c), t) for t, term in enumerate(terms) if len(term) == 2 for c in chars_of(term))
+    char_cp = np.array([c for c, _ in chars], np.uint32)
+    char_term = np.array([t for _, t in chars], np.uint32)
+    body = [term_off, b"".join(raw_terms), char_cp, char_term]
+    for post_off, slots, keys, maxtf in fields:
+        body += [np.asarray(post_off, np.uint64), np.asarray(slots, np.uint32), np.asarray(keys, np.uint16),
+                 np.asarray(maxtf, np.uint8)]
+    sections = []
+    pos = HEADER_SIZE
+    crc = 0
+    for part in body:
+        n = part.nbytes if isinstance(part, np.ndarray) else len(part)
+        sections += [pos, n]
+        pos += n + (-n % 8)
+    fd = io.open_new(path)
+    try:
         chunks = []
-        pos = HEADER_SIZE
         for part in body:
-            raw = part.tobytes() if isinstance(part, array) else bytes(part)
-            sections += [pos, len(raw)]
-            pad = -len(raw) % 8
-            chunks.append(raw + b"\0" * pad)
-            pos += len(raw) + pad
+            raw = part.tobytes() if isinstance(part, np.ndarray) else part
+            crc = zlib.crc32(raw, crc)
+            pad = b"\0" * (-len(raw) % 8)
+            crc = zlib.crc32(pad, crc)
+            chunks.append((raw, pad))
+        head = HEAD.pack(MAGIC, VERSION, _LITTLE, NFIELDS, len(terms), len(chars), slot_lo, slot_hi)
+        io.write(fd, head + SECTIONS.pack(*sections) + CRC.pack(crc))
+        for raw, pad in chunks:
+            io.write(fd, raw)
+            if pad:
+                io.write(fd, pad)
+        io.sync(fd)
+    finally:
+        io.close(fd)
+    return pos
+
+
+def _file_crc(path: str, start: int, end: int) -> int:
+    """CRC-32 of the file's bytes [start, end), read with pread: the check reads the page cache, not
+    the mapping, so it leaves nothing resident in the daemon."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
         crc = 0
-        for c in chunks:
-            crc = zlib.crc32(c, crc)
-        head = HEAD.pack(MAGIC, VERSION, _LITTLE, NFIELDS, len(self.terms), len(self.chars), self.slot_lo, self.slot_hi)
-        head += SECTIONS.pack(*sections) + CRC.pack(crc)
-        fd = io.open_new(path)
-        try:
-            io.write(fd, head)
-            for c in chunks:
-                io.write(fd, c)
-            io.sync(fd)
-        finally:
-            io.close(fd)
-        return pos
+        pos = start
+        while pos < end:
+            chunk = os.pread(fd, min(1 << 20, end - pos), pos)
+            if not chunk:
+                break
+            crc = zlib.crc32(chunk, crc)
+            pos += len(chunk)
+        return crc
+    finally:
+        os.close(fd)
 
 
 class Segment:
@@ -181,7 +157,7 @@ class Segment:
             raise SegmentInvalid(f"segment {self.name} was written in the other byte order")
         sec = SECTIONS.unpack_from(buf, HEAD.size)
         (crc,) = CRC.unpack_from(buf, HEAD.size + SECTIONS.size)
-        if zlib.crc32(memoryview(buf)[HEADER_SIZE:]) != crc:
+        if _file_crc(path, HEADER_SIZE, self.size) != crc:
             raise SegmentInvalid(f"segment {self.name} fails its checksum")
         mv = memoryview(buf)
         views = []
@@ -213,33 +189,35 @@ class Segment:
     nbytes = 0  # on the heap: the mapping is the page cache's, not the daemon's
 
     def _check(self, n_chars: int) -> None:
-        """Every offset within its section and ascending, every slot within the segment's range,
-        each term's slots ascending: what lets lookups and the query code trust the file."""
+        """The sizes the header promises, and the last offset of each table: a file that passes its
+        checksum was written by write(), whose tables are sound, so nothing here reads every page
+        (the mapping's pages are only read as queries need them)."""
         def bad(what: str) -> SegmentInvalid:
             return SegmentInvalid(f"segment {self.name}: {what}")
 
         n = self.n_terms
-        toff = np.frombuffer(self._toff, np.uint64)
-        if len(toff) != n + 1 or toff[0] != 0 or toff[-1] != len(self._tbytes) or np.any(np.diff(toff.astype(np.int64)) <= 0):
-            raise bad("term offsets out of order")
+        if len(self._toff) != n + 1 or self._toff[n] != len(self._tbytes):
+            raise bad("term table of a wrong size")
         if len(self._char_cp) != n_chars or len(self._char_term) != n_chars:
             raise bad("character table of a wrong size")
-        if n_chars and (int(max(self._char_term)) >= n or np.any(np.diff(np.frombuffer(self._char_cp, np.uint32).astype(np.int64)) < 0)):
-            raise bad("character table out of order")
         for f in range(NFIELDS):
-            poff = np.frombuffer(self._poff[f], np.uint64).astype(np.int64)
-            slots = np.frombuffer(self._slots[f], np.uint32)
-            if len(poff) != n + 1 or poff[0] != 0 or poff[-1] != len(slots) or len(self._keys[f]) != len(slots):
-                raise bad("posting offsets of a wrong size")
-            if len(self._maxtf[f]) != n or np.any(np.diff(poff) < 0):
-                raise bad("posting offsets out of order")
-            if len(slots):
-                if int(slots.min()) < self.slot_lo or int(slots.max()) >= self.slot_hi:
-                    raise bad("a posting outside the segment's slots")
-                # ascending within each term: every step up, except where a new term starts
-                down = np.flatnonzero(np.diff(slots.astype(np.int64)) <= 0) + 1
-                if len(down) and not np.all(np.isin(down, poff)):
-                    raise bad("postings out of order")
+            poff, slots = self._poff[f], self._slots[f]
+            if len(poff) != n + 1 or poff[n] != len(slots) or len(self._keys[f]) != len(slots) or len(self._maxtf[f]) != n:
+                raise bad("posting tables of a wrong size")
+
+    def export(self, f: int) -> tuple:
+        """(term index of each non-empty list, its length, all slots, all keys) of field f as numpy
+        arrays (views of the mapping): what a merge reads."""
+        poff = np.frombuffer(self._poff[f], np.uint64).astype(np.int64)
+        counts = np.diff(poff)
+        tids = np.flatnonzero(counts)
+        return tids, counts[tids], np.frombuffer(self._slots[f], np.uint32), np.frombuffer(self._keys[f], np.uint16)
+
+    def term_list(self) -> list[str]:
+        """Every term, by index (what a merge reads)."""
+        raw = bytes(self._tbytes)
+        toff = np.frombuffer(self._toff, np.uint64).tolist()
+        return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip(toff, toff[1:])]
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -319,9 +297,3 @@ class Segment:
 
     def _read_prefix(self, prefix: str, end: str, take: int) -> tuple[list[str], int]:
         return self.terms_from(prefix, take)
-
-    def items(self) -> Iterable[tuple[str, int]]:
-        """(term, index) in sorted order: what a merge reads."""
-        for t in range(self.n_terms):
-            yield self.term(t), t
-

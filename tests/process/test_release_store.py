@@ -2,8 +2,9 @@
 
 Issue 15 changes the on-disk format and migrates old data directories on first start. These tests are
 how that is checked: ``fixtures/store-log2-snap3`` was written by a real daemon of the release before
-the change (log format 2, snapshot 3; ``fixtures/make_store.py`` says how), and its ``expected.json`` is
-what that daemon answered. A daemon of this checkout opens a copy and must answer the same: every
+the change (log format 2, snapshot 3; ``fixtures/make_store.py`` says how), ``store-log2-snap4`` by the
+release before the search index's segments (snapshot 4), and each ``expected.json`` is what that
+daemon answered. A daemon of this checkout opens a copy and must answer the same: every
 message to the byte, deleted ones gone, counters, sessions and their metadata, ingest checkpoints, the
 old daemon's cursors, its request ids (a retry answered from the window, nothing written) — and keep
 all of it across a new write, a clean stop, a SIGKILL and a ``rebuild_index``. ``fixtures/store-v1``
@@ -24,7 +25,7 @@ import pytest
 from tests.support import clockshift
 from tests.support.daemon_proc import Client, DaemonPool
 from tests.support.fixtures.make_store import export, pages
-from tests.support.release_store import EXPECTED, STORE, STORE_0_1, copy_store, without_event
+from tests.support.release_store import EXPECTED, RELEASES, STORE, STORE_0_1, copy_store, without_event
 
 NEW_SESSION = "after-migration"   # where the tests write; the old sessions stay as recorded
 
@@ -36,31 +37,31 @@ def pool(tmp_path):
     p.close_all()
 
 
-def check_state(c: Client, added: list[dict[str, Any]]) -> None:
-    """Everything expected.json recorded, plus the messages written since (``added``, one new session)."""
-    expected = EXPECTED["messages"] + added
+def check_state(c: Client, added: list[dict[str, Any]], recorded: dict[str, Any] = EXPECTED) -> None:
+    """Everything expected.json recorded (``recorded``), plus the messages written since (``added``, one new session)."""
+    expected = recorded["messages"] + added
     assert export(c) == expected
     by_session: dict[str, list[dict[str, Any]]] = {}
     for m in expected:
         by_session.setdefault(m["session_id"], []).append(without_event(m))
     for sid, messages in by_session.items():
         assert c.history(sid) == messages, sid
-    for mid in EXPECTED["deleted"]:
+    for mid in recorded["deleted"]:
         rep = c.call("read_messages", {"view": "content", "message_id": mid})
         assert rep["status"] == "ERROR" and rep["error"]["code"] == "NOT_FOUND", rep
     health = c.health()
     assert (health["status"], health["last_error"]) == ("OK", ""), health
     new_sessions = len({m["session_id"] for m in added})
-    want = EXPECTED["health"]
+    want = recorded["health"]
     assert {k: health[k] for k in want} == {"active_messages": want["active_messages"] + len(added),
                                            "session_count": want["session_count"] + new_sessions,
                                            "last_sequence": want["last_sequence"] + len(added)}
-    listed = c.call("list_sessions", EXPECTED["list_sessions"]["args"])["data"]["sessions"]
+    listed = c.call("list_sessions", recorded["list_sessions"]["args"])["data"]["sessions"]
     old = [s for s in listed if s["session"]["memory_session_id"] != NEW_SESSION]
-    assert [s["session"] for s in old] == [s["session"] for s in EXPECTED["list_sessions"]["sessions"]]
-    for source, reply in EXPECTED["ingest_checkpoints"].items():
+    assert [s["session"] for s in old] == [s["session"] for s in recorded["list_sessions"]["sessions"]]
+    for source, reply in recorded["ingest_checkpoints"].items():
         assert c.call("ingest_checkpoints", {"source": source}) == reply
-    for cur in EXPECTED["cursors"]:
+    for cur in recorded["cursors"]:
         got = [[i for i in page if i != NEW_SESSION] for page in pages(c, cur["args"], cur["key"])]
         assert [page for page in got if page] == cur["pages"], cur["args"]
 
@@ -72,28 +73,30 @@ def new_write(c: Client, text: str) -> dict[str, Any]:
     return m
 
 
-def test_release_store_opens_with_everything_intact(pool, tmp_path):
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_release_store_opens_with_everything_intact(pool, tmp_path, release):
+    store, expected = RELEASES[release]
     d = pool.new("d")
-    copy_store(STORE, Path(d.data_dir))
+    copy_store(store, Path(d.data_dir))
     d.start()
     with d.client() as c:
-        check_state(c, [])
+        check_state(c, [], expected)
         added = [new_write(c, "written by the new release")]
     assert d.terminate() == 0
     d.start()
     with d.client() as c:
-        check_state(c, added)
+        check_state(c, added, expected)
         added.append(new_write(c, "written before a SIGKILL"))
     d.kill()
     d.start()
     with d.client() as c:
-        check_state(c, added)
+        check_state(c, added, expected)
         assert c.rebuild()["status"] == "OK"
-        check_state(c, added)
+        check_state(c, added, expected)
     d.kill()
     d.start()
     with d.client() as c:
-        check_state(c, added)
+        check_state(c, added, expected)
 
 
 def retry_all(c: Client) -> None:

@@ -1,4 +1,5 @@
-"""The store written by the release before issue 15's format change, opened in-process.
+"""The stores written by earlier releases (before issue 15's format change; before the search index's
+segments), opened in-process.
 
 The same fixture and expectations as ``tests/process/test_release_store.py`` (``fixtures/make_store.py``
 says how they were made), read through ``Store.open`` and ``Store.by_id`` instead of a daemon, so that a
@@ -6,22 +7,30 @@ migration that loses or alters something fails here in a second, with the messag
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from storaged.store import Store
-from tests.support.release_store import EXPECTED, STORE, copy_store, without_event
+from tests.support.release_store import RELEASES, STORE, STORE_SNAP4, copy_store, without_event
 
 pytestmark = pytest.mark.unit
 
 
+@pytest.fixture(params=sorted(RELEASES))
+def release(request):
+    return RELEASES[request.param]
+
+
 @pytest.fixture
-def opened(tmp_path):
-    s = Store.open(str(copy_store(STORE, tmp_path / "d")))
-    yield s
+def opened(tmp_path, release):
+    s = Store.open(str(copy_store(release[0], tmp_path / "d")))
+    yield s, release[1]
     s.close()
 
 
 def test_every_message_as_the_old_daemon_returned_it(opened):
+    opened, EXPECTED = opened
     for m in EXPECTED["messages"]:
         assert opened.by_id[m["message_id"]].to_dict() == without_event(m)
     assert len(opened.by_id) == len(EXPECTED["messages"])
@@ -29,6 +38,7 @@ def test_every_message_as_the_old_daemon_returned_it(opened):
 
 
 def test_counters_and_checkpoints_survive(opened):
+    opened, EXPECTED = opened
     health = opened.health()
     assert (health["status"], health["last_error"]) == ("OK", "")
     assert {k: health[k] for k in EXPECTED["health"]} == EXPECTED["health"]
@@ -53,6 +63,41 @@ def test_the_first_start_migrates_the_snapshot_once(tmp_path):
     again = Store.open(str(d))
     assert again.snapshot_valid and again.snapshot_pos == again.log_size()
     assert {mid: m.content for mid, m in again.by_id.items()} == texts
-    for m in EXPECTED["messages"]:
+    for m in RELEASES[STORE.name][1]["messages"]:
+        assert again.by_id[m["message_id"]].to_dict() == without_event(m)
+    again.close()
+
+
+def test_a_snapshot_before_segments_is_read_as_it_is_and_the_next_one_writes_a_segment(tmp_path):
+    """The release before segments wrote snapshot 4, whose dump holds every posting: the start reads it
+    (no replay of what it covers), searches find what they found, and the next snapshot is a 5 whose
+    postings are in a segment file, which the start after that maps."""
+    from storaged import snapshot
+    from storaged.search import _MemPart
+
+    d = copy_store(STORE_SNAP4, tmp_path / "d")
+    expected = RELEASES[STORE_SNAP4.name][1]
+    first = Store.open(str(d))
+    assert first.snapshot_valid and not first.snapshot_outdated and first.snapshot_pos < first.log_size()
+    assert first.search.segment_names() == []
+    words = {m["message_id"]: m["content"].split()[0] for m in expected["messages"] if m["content"].split()}
+
+    def finds(store: Store) -> dict[str, bool]:
+        seq_of = {mid: msg.seq for mid, msg in store.by_id.items()}
+        return {mid: seq_of[mid] in {h.doc for h in store.search.search(w, 50)} for mid, w in words.items()}
+
+    before = finds(first)
+    assert sum(before.values()) >= len(before) // 2
+    assert first.write_snapshot()  # as the daemon's clean stop does
+    first.close()
+    with open(d / "snapshot", "rb") as f:
+        assert snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1] == snapshot.VERSION == 5
+    again = Store.open(str(d))
+    names = again.search.segment_names()
+    assert again.snapshot_valid and again.snapshot_pos == again.log_size() and len(names) == 1
+    assert not any(isinstance(p, _MemPart) for p in again.search._parts)
+    assert sorted(n for n in os.listdir(d) if n.endswith(".seg")) == names
+    assert finds(again) == before
+    for m in expected["messages"]:
         assert again.by_id[m["message_id"]].to_dict() == without_event(m)
     again.close()
