@@ -862,6 +862,34 @@ def _bigram_chars(term: str) -> set[str]:
     return set()
 
 
+def _merged_vocabulary(lists: list[list]) -> tuple[list[str], list[np.ndarray]]:
+    """(the sorted union of the term lists, and for each list the union's number of each of its
+    terms — -1 for a freed term id, None).  One sort of all the terms (by index, so the numbers come
+    out of it), equal neighbours found in C."""
+    arrays, valid = [], []
+    for lst in lists:
+        a = np.empty(len(lst), object)
+        a[:] = lst
+        ok = a != None  # noqa: E711 (elementwise)
+        arrays.append(a)
+        valid.append(ok)
+    allt = np.concatenate([a[ok] for a, ok in zip(arrays, valid)]) if arrays else np.empty(0, object)
+    order = np.array(sorted(range(len(allt)), key=allt.tolist().__getitem__), np.int64)
+    ranked = allt[order]
+    first = np.ones(len(ranked), bool)
+    first[1:] = ranked[1:] != ranked[:-1]
+    number = np.empty(len(allt), np.int64)
+    number[order] = np.cumsum(first) - 1
+    maps, at = [], 0
+    for ok in valid:
+        m = np.full(len(ok), -1, np.int64)
+        k = int(ok.sum())
+        m[ok] = number[at:at + k]
+        at += k
+        maps.append(m)
+    return ranked[first].tolist(), maps
+
+
 class SegmentPlan(NamedTuple):
     """What the next segment holds (SearchIndex.plan): a run of the index's immutable parts, in
     slot order, and the file name to write it under."""
@@ -1260,11 +1288,7 @@ class SearchIndex:
         straight at its place — its term's start, plus what the parts before put there, plus its
         rank in its list — so the lists stay in slot order (the parts are) without any sort."""
         run = plan.parts
-        names = [part.term_list() for part in run]
-        vocab = sorted({t for lst in names for t in lst if t is not None})
-        number = {t: i for i, t in enumerate(vocab)}
-        maps = [np.fromiter((-1 if t is None else number[t] for t in lst), np.int64, len(lst)) for lst in names]
-        del number
+        vocab, maps = _merged_vocabulary([part.term_list() for part in run])
         nt = len(vocab)
         alive = np.frombuffer(bytes(self._alive[plan.slot_lo:plan.slot_hi]), np.uint8)
         clean = bool(alive.all())
