@@ -68,6 +68,8 @@ def _run(seed: int, root: str, io_class=TrackingIO, double_cut: bool = True) -> 
                 acked_deleted.add(mid)
             elif roll < 0.91:
                 in_flight = ("snapshot", (), None, None)
+                if rng.random() < 0.6:
+                    store.search  # indexes the queue: the snapshot then writes (and merges) segments
                 store.write_snapshot()
             elif roll < 0.96:
                 in_flight = ("rebuild", (), None, None)
@@ -123,6 +125,14 @@ def _run(seed: int, root: str, io_class=TrackingIO, double_cut: bool = True) -> 
             problems.append(f"seed {seed}: in-flight write is corrupt")
     if extra:
         problems.append(f"seed {seed}: unexpected messages {sorted(extra)}")
+    # the search index (segments named by the snapshot, plus the replayed tail) holds exactly the live
+    # messages, and finds them by their words
+    index = s.search
+    if index.doc_count() != len(s.by_seq) or not all(seq in index for seq in s.by_seq):
+        problems.append(f"seed {seed}: the search index does not hold exactly the live messages")
+    for msg in list(s.by_seq.values())[:8]:
+        if msg.seq not in {h.doc for h in index.search(msg.content, 200)}:
+            problems.append(f"seed {seed}: a search for {msg.message_id}'s text does not find it")
     if problems:
         s.close()
         return problems
