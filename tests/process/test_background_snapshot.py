@@ -45,6 +45,56 @@ def test_crash_after_background_snapshot_replays_only_the_tail(tmp_path):
         assert 40 <= replayed < 40 + EVERY
 
 
+def _word(n: int) -> str:
+    """A word of its own for n, which the stemmer leaves alone and no other n stems to (consonants
+    between "q" and "x": "qbx", "qcx" ...; "qby" and "qbi" would both stem to "qbi")."""
+    out = ""
+    while True:
+        out = "bcdfghjklmnprtvw"[n % 16] + out
+        n //= 16
+        if not n:
+            return "q" + out + "x"
+
+
+def _named_segments(data) -> list[str]:
+    from storaged import snapshot
+    from storaged.fileio import FileIO
+
+    return [name for name, _, _ in snapshot.read(FileIO(), str(data / "snapshot"))[2]["segments"]]
+
+
+def test_background_snapshots_write_merge_and_collect_index_segments(tmp_path):
+    """Each background snapshot writes the postings indexed since the last one as a segment file and
+    merges small ones; the files on disk are the ones the snapshot names (the merged-away ones are
+    removed), and a start after SIGKILL maps them and finds every message by its own word."""
+    data = tmp_path / "data"
+    words: dict[str, str] = {}
+    with Daemon(data, extra_args=["--snapshot-every", "100"]) as d:
+        d.start()
+        with d.client() as c:
+            for round_ in range(6):
+                before = c.health()["snapshot_size"]
+                for i in range(110):
+                    w = _word(round_ * 1000 + i)
+                    words[w] = c.write(f"s{round_}", f"{w} common text of round {round_}")["message_id"]
+                _wait(lambda: c.health()["snapshot_size"] != before)
+                # every message searchable meanwhile, whatever part of the index it is in
+                assert c.call("search_messages", {"query": _word(round_ * 1000 + 7), "limit": 3})[
+                    "results"][0]["message_id"] == words[_word(round_ * 1000 + 7)]
+            _wait(lambda: sorted(p.name for p in data.glob("index.*.seg")) == sorted(_named_segments(data)))
+            named = _named_segments(data)
+            assert 1 <= len(named) < 6  # merged: fewer segments than snapshots
+        d.kill()
+        (data / "index.0123456789abcdef.seg").write_bytes(b"an orphan a crash left")
+        d.start()
+        with d.client() as c:
+            assert c.health()["snapshot_valid"] is True
+            for w, mid in words.items():
+                got = c.call("search_messages", {"query": w, "limit": 3})["results"]
+                assert got and got[0]["message_id"] == mid, w
+        assert sorted(p.name for p in data.glob("index.*.seg")) == sorted(_named_segments(data))
+
+
 def test_kill_while_child_writes_leaves_a_clean_store(tmp_path):
     """However the daemon dies while a snapshot is being written, the next start is whole."""
     data = tmp_path / "data"
