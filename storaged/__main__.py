@@ -215,11 +215,12 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
         # collection never walks a million messages while a request waits (the Instagram gc.freeze trick).
         gc.freeze()
         h = store.health()
+        index = store._index
         LOG.info("opened %s in %.2f s: %d messages in %d sessions, log %d bytes, replayed %d records after the "
-                 "snapshot, snapshot_valid=%s, recovered_tail=%s%s", data_dir, time.monotonic() - t0,
-                 h["active_messages"], h["session_count"], h["log_size"], store.scan_result.records,
-                 h["snapshot_valid"], h["recovered_tail"],
-                 f", DEGRADED: {h['last_error']}" if h["last_error"] else "")
+                 "snapshot, snapshot_valid=%s, recovered_tail=%s, search index segments %d (%.1f MiB mapped)%s",
+                 data_dir, time.monotonic() - t0, h["active_messages"], h["session_count"], h["log_size"],
+                 store.scan_result.records, h["snapshot_valid"], h["recovered_tail"], len(index.segment_names()),
+                 index.mapped_bytes() / 2**20, f", DEGRADED: {h['last_error']}" if h["last_error"] else "")
         LOG.info("ready on %s; MCP hosts reach it through `convmem-mcp --data-dir %s`, `convmem status` "
                  "shows it, Ctrl-C or `convmem stop --data-dir %s` stops it", endpoint, data_dir, data_dir)
 

@@ -39,6 +39,17 @@ run (the phrase, or all its pieces) gets a bonus equal to the most any doc could
 bigrams in that field, so in that field it ranks above every doc holding only some of them.  A
 one-character run also matches the bigrams containing that character.
 
+Segments: the lists above are the index's live, in-memory part.  At each snapshot they are frozen
+(plan(): new docs go to fresh lists, queries read the frozen ones meanwhile) and written as an
+immutable segment file that the snapshot names (write_segment(), storaged/segment.py), which then
+replaces them (adopt()); a new segment takes in the smaller ones before it (geometric merging, which
+also drops dead postings).  A start maps the segments instead of rebuilding anything.  Every part
+(segments, frozen lists, live lists) covers its own range of slots, in order, so a term's postings in
+the index are its lists in the parts one after the other: a query makes one list per part that holds
+the term, all with the term's idf over the whole index and its bound over all parts — the scores of
+one list of them all.  Slot numbers are fixed once a segment holds them (compact() then only sweeps
+the live lists).
+
 All state lives on the instance, so a rebuild thread may fill a fresh index while the main thread
 queries the old one.
 """
