@@ -230,19 +230,13 @@ class Segment:
     def lookup(self, term: str) -> int:
         """The term's index, or -1."""
         raw = term.encode("utf-8", "surrogatepass")
-        lo, hi = 0, self.n_terms
-        tb, toff = self._tbytes, self._toff
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if bytes(tb[toff[mid]:toff[mid + 1]]) < raw:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < self.n_terms and bytes(tb[toff[lo]:toff[lo + 1]]) == raw:
-            return lo
+        t = self._lower_bound(raw)
+        if t < self.n_terms and self._term_bytes(t) == raw:
+            return t
         return -1
 
     def _lower_bound(self, raw: bytes) -> int:
+        """The first term index whose bytes are not below ``raw`` (binary search)."""
         lo, hi = 0, self.n_terms
         tb, toff = self._tbytes, self._toff
         while lo < hi:
