@@ -150,9 +150,14 @@ _READABLE_FORMATS = ("convmem-search/2", _FORMAT)  # a /2 dump is a /3 one witho
 _OUTDATED_FORMATS = ("convmem-search/1",)
 # Segment merging (SearchIndex.plan): a new segment takes in the segments before it while the one
 # before is at most _MERGE_RATIO times its postings (sizes then grow geometrically: a posting is
-# rewritten about log(n) times), and always when more than _MAX_SEGMENTS would remain.
+# rewritten about log(n) times), and when more than _MAX_SEGMENTS would remain — but never past
+# _MERGE_MAX_POSTINGS postings, so that one merge (in the snapshot child, which holds its inputs'
+# vocabularies and ~40 bytes a posting of numpy temporaries, and is stopped after
+# server.SNAPSHOT_CHILD_MAX_S) stays bounded whatever the store's size: a big store has several
+# segments of that size (a query looks a term up in each: ~15 us a segment).
 _MERGE_RATIO = 2
 _MAX_SEGMENTS = 10
+_MERGE_MAX_POSTINGS = 32_000_000
 
 
 class DumpOutdated(ValueError):
@@ -1249,7 +1254,8 @@ class SearchIndex:
         """Freeze the live lists into an immutable part (new docs go to fresh lists) and choose what
         the next segment holds: every frozen part not yet written, with the segments just before
         them while each is at most _MERGE_RATIO times the postings gathered so far (and while more
-        than _MAX_SEGMENTS would remain).  None when nothing is left unwritten.
+        than _MAX_SEGMENTS would remain), up to _MERGE_MAX_POSTINGS.  None when nothing is left
+        unwritten.
 
         Why freeze: the snapshot that names the segment is written by a forked child (or inline at
         a stop); the frozen lists are what it writes, and until adopt() swaps the file in, queries
@@ -1264,7 +1270,8 @@ class SearchIndex:
         if i == len(parts):
             return None
         size = sum(p.postings_count for p in parts[i:])
-        while i and (parts[i - 1].postings_count <= _MERGE_RATIO * size or i >= _MAX_SEGMENTS):
+        while i and size + parts[i - 1].postings_count <= _MERGE_MAX_POSTINGS and (
+                parts[i - 1].postings_count <= _MERGE_RATIO * size or i >= _MAX_SEGMENTS):
             i -= 1
             size += parts[i].postings_count
         run = tuple(parts[i:])

@@ -177,3 +177,34 @@ def test_a_format_2_dump_loads_without_segments():
     del dump["segments"], dump["mem_lo"]
     back = SearchIndex.load(dump)
     _assert_same(index, back)
+
+
+def test_merges_stop_at_the_size_cap(tmp_path, monkeypatch):
+    """No merge grows a segment past _MERGE_MAX_POSTINGS, even when that leaves more than
+    _MAX_SEGMENTS: one merge's work stays bounded whatever the store's size."""
+    io = FileIO()
+    monkeypatch.setattr(search_mod, "_MAX_SEGMENTS", 2)
+    index = SearchIndex()
+    docs = _docs(900, seed=5)
+    per_batch = []
+    for i, (seq, c, s, t) in enumerate(docs):
+        index.add(seq, c, s, t)
+        if i % 100 == 99:
+            per_batch.append(index._n_postings + index._n_single)
+            _snapshot(index, str(tmp_path), io)
+    cap = max(per_batch) * 2 + 1
+    monkeypatch.setattr(search_mod, "_MERGE_MAX_POSTINGS", cap)
+    old = set(index.segment_names())
+    for seq, c, s, t in _docs(900, seed=6):
+        index.add(seq + 10_000, c, s, t)
+        if seq % 100 == 0:
+            _snapshot(index, str(tmp_path), io)
+            # every segment written under the cap holds at most the cap
+            assert all(p.postings_count <= cap for p in index._parts if p.name not in old)
+    assert len(index._parts) > 2  # the cap left more segments than _MAX_SEGMENTS
+    mem = SearchIndex()
+    for seq, c, s, t in docs:
+        mem.add(seq, c, s, t)
+    for seq, c, s, t in _docs(900, seed=6):
+        mem.add(seq + 10_000, c, s, t)
+    _assert_same(mem, index)
