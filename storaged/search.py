@@ -158,6 +158,7 @@ _OUTDATED_FORMATS = ("convmem-search/1",)
 _MERGE_RATIO = 2
 _MAX_SEGMENTS = 10
 _MERGE_MAX_POSTINGS = 32_000_000
+_RELEASE_STEP = 8192  # objects of replaced frozen lists freed per idle step (~1 ms)
 
 
 class DumpOutdated(ValueError):
@@ -850,6 +851,23 @@ class _MemPart:
             return []
         return [(g, self.vocab.__contains__) for g in pv.groups()]
 
+    def release_step(self, n: int) -> bool:
+        """Free about ``n`` of the lists' objects (a part a segment replaced, owned by nobody else);
+        False once nothing is left."""
+        for lst in (*self.slots, *self.keys, self.terms):
+            if lst:
+                del lst[-n:]
+                return True
+        vocab = self.vocab
+        if vocab:
+            for _ in range(min(n, len(vocab))):
+                vocab.popitem()
+            return True
+        self.prefix = None
+        self._char_index = dict
+        self.nbytes = 0
+        return False
+
     def export(self, f: int) -> tuple:
         """Segment.export for these lists (numpy arrays)."""
         tids, counts, slots, keys = _export_lists(self.slots[f], self.keys[f])
@@ -951,6 +969,7 @@ class SearchIndex:
         # the slots from _mem_lo on.
         self._parts: list = []
         self._mem_lo = 0
+        self._retired: list[_MemPart] = []  # frozen lists a segment replaced, freed by idle_step()
         # memory accounting, maintained incrementally
         self._n_postings = 0
         self._n_arrays = 0
@@ -1215,7 +1234,7 @@ class SearchIndex:
         """Heap bytes: the live lists, the frozen parts, the per-slot arrays and the tables (a
         segment's mapping is the page cache's: mapped_bytes())."""
         nf = len(FIELDS)
-        b = self._lists_bytes() + sum(p.nbytes for p in self._parts)
+        b = self._lists_bytes() + sum(p.nbytes for p in self._parts) + sum(p.nbytes for p in self._retired)
         for f in range(nf):
             b += sys.getsizeof(self._lens[f])
         b += sys.getsizeof(self._slot_doc) + sys.getsizeof(self._alive) + self._docmap.nbytes()
@@ -1371,6 +1390,8 @@ class SearchIndex:
         for i in range(len(parts) - k + 1):
             if all(parts[i + j] is run[j] for j in range(k)):
                 parts[i:i + k] = [segment]
+                # frozen lists are freed in idle steps: millions of objects at once would stall the loop
+                self._retired.extend(p for p in run if isinstance(p, _MemPart))
                 return True
         return False
 
@@ -1421,9 +1442,14 @@ class SearchIndex:
         return self._docmap.get(doc) >= 0
 
     def idle_step(self) -> bool:
-        """One bounded step of the work no request waits for (the prefix list's build, started here
-        if no query started it); True while some remains. The daemon calls it when its loop is idle,
-        so that the first prefix query finds the list built."""
+        """One bounded step of the work no request waits for (freeing lists a segment replaced; the
+        prefix list's build, started here if no query started it); True while some remains. The
+        daemon calls it when its loop is idle, so that the first prefix query finds the list built."""
+        if self._retired:
+            part = self._retired[-1]
+            if not part.release_step(_RELEASE_STEP):
+                self._retired.pop()
+            return True
         if self._prefix is None and not self._terms:
             return False
         self._prefix_step()

@@ -208,3 +208,22 @@ def test_merges_stop_at_the_size_cap(tmp_path, monkeypatch):
     for seq, c, s, t in _docs(900, seed=6):
         mem.add(seq + 10_000, c, s, t)
     _assert_same(mem, index)
+
+
+def test_frozen_lists_a_segment_replaced_are_freed_in_idle_steps(tmp_path, monkeypatch):
+    monkeypatch.setattr(search_mod, "_RELEASE_STEP", 64)
+    io = FileIO()
+    index = SearchIndex()
+    for seq, c, s, t in _docs(300):
+        index.add(seq, c, s, t)
+    plan = index.plan()
+    frozen = plan.parts[0]
+    held = index.memory_bytes()
+    assert index.adopt(plan, Segment(index.write_segment(plan, io, str(tmp_path)), io))
+    assert index._retired == [frozen] and index.memory_bytes() == held  # not freed at once
+    steps = 0
+    while index._retired:
+        assert index.idle_step()
+        steps += 1
+    assert steps > 3 and not frozen.vocab and not any(frozen.slots) and index.memory_bytes() < held
+    assert [h.doc for h in index.search("w1", 5)]  # the segment serves
