@@ -783,6 +783,11 @@ class Store:
         self.snapshot_unindexed = len(self.unindexed)
         return True
 
+    def snapshot_bytes(self) -> int:
+        """The snapshot's size on disk: its file and the index segments it names (its manifest)."""
+        return self.io.size(self.snapshot_path) + sum(
+            self.io.size(os.path.join(self.dir, name)) for name in self.snapshot_segments)
+
     def log_size(self) -> int:
         return self.writer.size if self.writer is not None else self.io.size(self.log_path)
 
@@ -815,7 +820,7 @@ class Store:
             "status": "DEGRADED" if self.last_error else "OK",
             "format_version": logfile.FORMAT_VERSION,
             "log_size": self.log_size(),
-            "snapshot_size": self.io.size(self.snapshot_path),
+            "snapshot_size": self.snapshot_bytes(),
             "active_messages": len(self.by_id),
             "session_count": len(self.sessions),
             "deleted_messages": self.deleted_messages,
