@@ -19,7 +19,6 @@ from . import log as logfile
 from . import records
 from . import snapshot
 from .search import SearchIndex
-from .segment import Segment
 from .store import Store
 from .text import locate
 
@@ -117,11 +116,10 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta["checkpoints"] = [[src, key, store.ingest.checkpoints[(src, key)], n]
                            for (src, key), n in checkpoint_sizes.items()]
     snap_fields = (m.row(loc, rs) for m, loc, rs in zip(msgs, text_locs, rec_sizes))
-    plan = index.plan()  # the new index as one segment, which the new snapshot names
-    if plan is not None:
-        path = index.write_segment(plan, io, store.dir)
-        io.sync_dir(store.dir)
-        index.adopt(plan, Segment(path, io))
+    # The new index stays in memory (its dump is in the new snapshot): writing it as a segment here, in
+    # a thread beside the request loop, would hold the GIL for seconds (a sort of every term); the first
+    # background snapshot after the install writes it, in a forked child (Store.snapshot_due: the
+    # index's live lists are over SearchIndex.flush_due's size).
     snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, snap_fields, index.dump())
     return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
@@ -219,7 +217,6 @@ def discard(store: Store) -> None:
     """Remove the temporary files of a failed rebuild (best effort: they are removed at start anyway)."""
     for path in (store.log_path + layout.COMPACT_SUFFIX, store.snapshot_path + layout.TMP_SUFFIX):
         _quiet_remove(store.io, path)
-    store.collect_segments()  # the new index's segment, if it got that far
 
 
 def rebuild(store: Store) -> dict[str, Any]:

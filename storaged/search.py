@@ -158,7 +158,13 @@ _OUTDATED_FORMATS = ("convmem-search/1",)
 _MERGE_RATIO = 2
 _MAX_SEGMENTS = 10
 _MERGE_MAX_POSTINGS = 32_000_000
+# ... and a snapshot written by the daemon itself (a clean stop, a migration: the request loop's thread,
+# a supervisor's stop timeout) merges only up to this (~1 s): bigger merges are the snapshot child's
+_INLINE_MERGE_MAX_POSTINGS = 2_000_000
 _RELEASE_STEP = 8192  # objects of replaced frozen lists freed per idle step (~1 ms)
+# live postings that make a snapshot due by themselves (~40k agent events, ~60 MB of lists): what a
+# rebuild leaves in memory is written as a segment by the next background snapshot
+_FLUSH_POSTINGS = 4_000_000
 
 
 class DumpOutdated(ValueError):
@@ -748,9 +754,9 @@ class _PrefixVocab:
                 self.size += len(self.side)
                 self.side = []
 
-    def groups(self) -> list[list]:
-        """The sorted lists for _expansions: the runs (read as one), then the side list."""
-        return [[_list_reader(r) for r in self.runs], [_list_reader(self.side)]]
+    def readers(self) -> list:
+        """Readers of the sorted lists (the runs and the side list) for _expansions."""
+        return [_list_reader(r) for r in (*self.runs, self.side)]
 
     def nbytes(self) -> int:
         return sum(map(sys.getsizeof, self.runs)) + sys.getsizeof(self.runs) + sys.getsizeof(self.side)
@@ -765,30 +771,25 @@ def _list_reader(lst: list[str]) -> Callable:
     return read
 
 
-def _expansions(prefix: str, groups: list, budget: list[int]) -> list[str]:
-    """Live terms longer than ``prefix`` that begin with it.  ``groups``: (readers, live) pairs —
-    the sorted lists of one part, read as the one sorted list they make together (a bisect each),
-    and the part's test of whether a listed term still has postings.  At most _PREFIX_SCAN terms
-    are looked at per group, and ``budget[0]`` for the whole query (spent in place)."""
-    out: list[str] = []
+def _expansions(prefix: str, readers: list, budget: list[int]) -> list[str]:
+    """Live terms longer than ``prefix`` that begin with it, from every part's sorted term lists read
+    as the one sorted list they make together (a bisect each): at most _PREFIX_SCAN terms are looked
+    at, and charged to ``budget[0]`` for the whole query (spent in place).  ``readers``: (read, live)
+    pairs — a sorted list's reader (_list_reader) and its part's test of whether a listed term still
+    has postings there."""
+    take = min(_PREFIX_SCAN, budget[0])
+    if take <= 0:
+        return []
     end = prefix + "\U0010ffff"  # every term beginning with prefix sorts below this
-    for readers, live in groups:
-        take = min(_PREFIX_SCAN, budget[0])
-        if take <= 0:
-            break
-        after = 0  # terms sorting at or after prefix: what one sorted list would show
-        found: list[str] = []
-        for read in readers:
-            got, n = read(prefix, end, take)
-            after += n
-            found += got
-        budget[0] -= min(take, after)
-        if len(readers) > 1:
-            found.sort()
-        for t in found[:take]:
-            if t != prefix and t not in out and live(t):
-                out.append(t)
-    return out
+    after = 0  # terms sorting at or after prefix: what one sorted list would show
+    live: dict[str, bool] = {}
+    for read, is_live in readers:
+        got, n = read(prefix, end, take)
+        after += n
+        for t in got:
+            live[t] = live.get(t, False) or is_live(t)
+    budget[0] -= min(take, after)
+    return [t for t in sorted(live)[:take] if t != prefix and live[t]]
 
 
 def _export_lists(slots_f: list, keys_f: list) -> tuple[array, array, array, array]:
@@ -845,11 +846,12 @@ class _MemPart:
     def char_terms(self, ch: str):
         return self._char_index().get(ch, ())
 
-    def prefix_groups(self) -> list:
+    def prefix_readers(self) -> list:
+        """(read, live) pairs over this part's sorted prefix lists, for _expansions."""
         pv = self.prefix
         if pv is None or not pv.ready:
             return []
-        return [(g, self.vocab.__contains__) for g in pv.groups()]
+        return [(read, self.vocab.__contains__) for read in pv.readers()]
 
     def release_step(self, n: int) -> bool:
         """Free about ``n`` of the lists' objects (a part a segment replaced, owned by nobody else);
@@ -1269,12 +1271,12 @@ class SearchIndex:
 
     # --- segments -----------------------------------------------------------------------------
 
-    def plan(self) -> "SegmentPlan | None":
+    def plan(self, inline: bool = False) -> "SegmentPlan | None":
         """Freeze the live lists into an immutable part (new docs go to fresh lists) and choose what
         the next segment holds: every frozen part not yet written, with the segments just before
         them while each is at most _MERGE_RATIO times the postings gathered so far (and while more
-        than _MAX_SEGMENTS would remain), up to _MERGE_MAX_POSTINGS.  None when nothing is left
-        unwritten.
+        than _MAX_SEGMENTS would remain), up to _MERGE_MAX_POSTINGS (_INLINE_MERGE_MAX_POSTINGS for a
+        snapshot the daemon's own thread writes: ``inline``).  None when nothing is left unwritten.
 
         Why freeze: the snapshot that names the segment is written by a forked child (or inline at
         a stop); the frozen lists are what it writes, and until adopt() swaps the file in, queries
@@ -1289,7 +1291,8 @@ class SearchIndex:
         if i == len(parts):
             return None
         size = sum(p.postings_count for p in parts[i:])
-        while i and size + parts[i - 1].postings_count <= _MERGE_MAX_POSTINGS and (
+        cap = _INLINE_MERGE_MAX_POSTINGS if inline else _MERGE_MAX_POSTINGS
+        while i and size + parts[i - 1].postings_count <= cap and (
                 parts[i - 1].postings_count <= _MERGE_RATIO * size or i >= _MAX_SEGMENTS):
             i -= 1
             size += parts[i].postings_count
@@ -1395,6 +1398,17 @@ class SearchIndex:
                 return True
         return False
 
+    def release_step(self) -> None:
+        """Free one bounded chunk of the frozen lists segments replaced (see idle_step); the daemon
+        also calls it after each batch of requests, so that a loop that is never idle frees them too."""
+        if self._retired and not self._retired[-1].release_step(_RELEASE_STEP):
+            self._retired.pop()
+
+    def flush_due(self) -> bool:
+        """Whether the live lists hold _FLUSH_POSTINGS or more: worth a snapshot of their own, which
+        writes them as a segment (a rebuilt index is all live lists until then)."""
+        return self._n_postings + self._n_single >= _FLUSH_POSTINGS
+
     def segment_names(self) -> list[str]:
         return [p.name for p in self._parts if isinstance(p, Segment)]
 
@@ -1446,9 +1460,7 @@ class SearchIndex:
         prefix list's build, started here if no query started it); True while some remains. The
         daemon calls it when its loop is idle, so that the first prefix query finds the list built."""
         if self._retired:
-            part = self._retired[-1]
-            if not part.release_step(_RELEASE_STEP):
-                self._retired.pop()
+            self.release_step()
             return True
         if self._prefix is None and not self._terms:
             return False
@@ -1542,15 +1554,15 @@ class SearchIndex:
                     if len(p) >= _PREFIX_MIN and p.isalpha():  # words, not codes ("inv2023")
                         prefixes.setdefault(p, run.terms[0])
         if prefixes:
-            groups = [g for part in sources for g in part.prefix_groups()]
-            if groups:
-                lists.extend(self._prefix_lists(sources, groups, prefixes, weights, tables, fields))
+            readers = [r for part in sources for r in part.prefix_readers()]
+            if readers:
+                lists.extend(self._prefix_lists(sources, readers, prefixes, weights, tables, fields))
         budget = [_CHAR_EXPANSION_BUDGET]  # shared by all the query's one-character runs
         for ch in dict.fromkeys(singles):
             lists.extend(self._char_lists(sources, ch, tables, weights[ch], fields, budget))
         return lists
 
-    def _prefix_lists(self, sources: list, groups: list, prefixes: dict[str, str], exact: Counter, tables,
+    def _prefix_lists(self, sources: list, readers: list, prefixes: dict[str, str], exact: Counter, tables,
                       fields) -> list:
         """Lists for the vocabulary terms the query's words begin (see _PREFIX_MIN): per prefix the
         _PREFIX_TERMS with the most docs among its first _PREFIX_SCAN, each once per query, never a
@@ -1563,7 +1575,7 @@ class SearchIndex:
         for p, base in prefixes.items():
             if budget[0] <= 0:
                 break
-            found = [t for t in _expansions(p, groups, budget) if t not in exact and t not in chosen]
+            found = [t for t in _expansions(p, readers, budget) if t not in exact and t not in chosen]
             if len(found) > _PREFIX_TERMS:
                 found = nlargest(_PREFIX_TERMS, found, key=lambda t: (self._df(sources, t), t))
             for t in found:
@@ -1598,7 +1610,8 @@ class SearchIndex:
         All of a query's one-character runs together read at most ~_CHAR_EXPANSION_BUDGET
         postings (``budget``, spent in place), so a very common character is partial and a query
         of many characters cannot multiply the work; past it, a character keeps its unigram only."""
-        tids = [(part, part.char_terms(ch)) for part in sources]
+        # newest part first: past the budget, a common character keeps its most recent docs
+        tids = [(part, part.char_terms(ch)) for part in reversed(sources)]
         out = []
         for f in fields:
             t = tables[f]

@@ -8,8 +8,9 @@ kernel's page cache rather than the daemon's heap, and it holds no object per te
 Segments are merged (``SearchIndex.plan``: a new one replaces the run it was merged from), which
 also drops the postings of deleted docs. The format (docs/format.md §6):
 
-    header      HEAD: magic, format version, byte order, fields, terms, chars, slot range,
-                then SECTIONS pairs (offset, length), then the CRC-32 of every byte after the header
+    header      HEAD (little-endian): magic, format version, byte order, fields, terms, chars, slot
+                range, then SECTIONS pairs (offset, length), then the CRC-32 of the body and of the
+                header before it
     term_off    u64[terms + 1]   term t is term_bytes[term_off[t]:term_off[t + 1]] (UTF-8)
     term_bytes                   the terms, sorted by their UTF-8 bytes (= code point order)
     char_cp     u32[chars]       each CJK character of a two-character term, sorted ...
@@ -18,10 +19,11 @@ also drops the postings of deleted docs. The format (docs/format.md §6):
                 term t's postings in the field are slots/keys[post_off[t]:post_off[t + 1]], slots
                 ascending, keys as storaged/search.py packs them; maxtf its highest tf bucket there
 
-Every section starts 8-byte aligned, in the writer's native byte order (a segment of the other
-order is refused: the index is then rebuilt from the log). The whole body is checked against its
-CRC and every offset against its section at open, so a torn or rotten file is refused, never read
-out of bounds; which file belongs to which snapshot is the snapshot's business (its manifest).
+Every section starts 8-byte aligned; the numbers after the head are in the writer's native byte
+order (a segment of the other order is refused: the index is then rebuilt from the log). The whole
+file, head included, is checked against its CRC at open and each section against the file's size, so
+a torn or rotten file is refused (a file that passes the CRC was written by write(), whose tables are
+sound); which file belongs to which snapshot is the snapshot's business (its manifest).
 """
 from __future__ import annotations
 
@@ -57,7 +59,8 @@ class SegmentInvalid(ValueError):
 
 def new_name() -> str:
     """A fresh segment file name: random, so a new file never takes the name of one a snapshot on
-    disk still lists (the file is created with O_EXCL all the same)."""
+    disk still lists (FileIO.open_new then creates it O_EXCL|O_NOFOLLOW after unlinking whatever a
+    crash or a planted link left at that path)."""
     return layout.SEGMENT_PREFIX + os.urandom(8).hex() + layout.SEGMENT_SUFFIX
 
 
@@ -102,7 +105,9 @@ def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], f
             crc = zlib.crc32(pad, crc)
             chunks.append((raw, pad))
         head = HEAD.pack(MAGIC, VERSION, _LITTLE, NFIELDS, len(terms), len(chars), slot_lo, slot_hi)
-        io.write(fd, head + SECTIONS.pack(*sections) + CRC.pack(crc))
+        head += SECTIONS.pack(*sections)
+        crc = zlib.crc32(head, crc)  # the head too (last, so the body's CRC can run as it is made)
+        io.write(fd, head + CRC.pack(crc))
         for raw, pad in chunks:
             io.write(fd, raw)
             if pad:
@@ -139,7 +144,10 @@ class Segment:
     __slots__ = ("name", "path", "size", "slot_lo", "slot_hi", "n_terms", "maxtf_all", "postings_count", "_buf", "_toff", "_tbytes",
                  "_char_cp", "_char_term", "_poff", "_slots", "_keys", "_maxtf")
 
-    def __init__(self, path: str, io: FileIO | None = None) -> None:
+    def __init__(self, path: str, io: FileIO | None = None, verify: bool = True) -> None:
+        """``verify=False`` skips the CRC (reading the whole file): for a segment this process or its
+        snapshot child has just written and fsynced, adopted on the request loop's thread; every
+        start checks it."""
         io = io or FileIO()
         self.path = path
         self.name = os.path.basename(path)
@@ -157,7 +165,7 @@ class Segment:
             raise SegmentInvalid(f"segment {self.name} was written in the other byte order")
         sec = SECTIONS.unpack_from(buf, HEAD.size)
         (crc,) = CRC.unpack_from(buf, HEAD.size + SECTIONS.size)
-        if _file_crc(path, HEADER_SIZE, self.size) != crc:
+        if verify and zlib.crc32(bytes(buf[:HEADER_SIZE - CRC.size]), _file_crc(path, HEADER_SIZE, self.size)) != crc:
             raise SegmentInvalid(f"segment {self.name} fails its checksum")
         mv = memoryview(buf)
         views = []
@@ -183,7 +191,7 @@ class Segment:
         except TypeError:
             raise SegmentInvalid(f"segment {self.name} has a section of a wrong length") from None
         self._check(n_chars)
-        self.maxtf_all = [max(m, default=0) for m in self._maxtf]
+        self.maxtf_all = [int(np.frombuffer(m, np.uint8).max()) if len(m) else 0 for m in self._maxtf]
         self.postings_count = sum(len(s) for s in self._slots)
 
     nbytes = 0  # on the heap: the mapping is the page cache's, not the daemon's
@@ -285,9 +293,9 @@ class Segment:
             i += 1
         return out, self.n_terms - (i - len(out))
 
-    def prefix_groups(self) -> list:
-        """For search.py's prefix expansion: this segment's sorted terms as one group, every term live."""
-        return [([self._read_prefix], _always)]
+    def prefix_readers(self) -> list:
+        """For search.py's prefix expansion: a reader of this segment's sorted terms, every term live."""
+        return [(self._read_prefix, _always)]
 
     def _read_prefix(self, prefix: str, end: str, take: int) -> tuple[list[str], int]:
         return self.terms_from(prefix, take)

@@ -258,8 +258,10 @@ class Server:
                         size += sum(map(len, body))
                 if batch:
                     self._serve_batch(batch)
-                    if self.store is not None and self.store.unindexed:
-                        self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
+                    if self.store is not None:
+                        self.store.release_index_step()
+                        if self.store.unindexed:
+                            self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
             elif not events and self.store is not None:
                 self._idle_work()
             if self.store is not None:
@@ -361,7 +363,7 @@ class Server:
         # import queued them), and it has: the next start should find them indexed
         index_caught_up = not store.unindexed and store.snapshot_unindexed >= min(self.snapshot_every_records,
                                                                                    INDEXED_SINCE_SNAPSHOT)
-        if not (log_grew or index_caught_up):
+        if not (log_grew or index_caught_up or store.search_flush_due()):
             return
         tmp = store.snapshot_path + layout.BACKGROUND_SUFFIX
         pos = store.writer.size

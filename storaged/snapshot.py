@@ -24,7 +24,7 @@ END_MAGIC = b"CVMEMEND"
 # 4: a message row holds its text's location in the log (storaged/text.py) in place of the text.
 # 3 (rows with the text, event fields, session metadata, checkpoints) and 2 (release 0.1: rows of 16
 # fields) cannot be used: they do not say where each text lies in the log. A store that has one
-# replays its log once and writes a version 4 (Store._migrate_snapshot): that is the migration.
+# replays its log once and writes a current one (Store._migrate_snapshot): that is the migration.
 # 5: the search index dump names the segment files that hold most postings (storaged/segment.py); a
 # 4 is read as one without segments (its dump holds every posting), so it needs no migration, but a
 # daemon of the release before refuses a 5 (it would read an index without the segments' postings).

@@ -130,7 +130,9 @@ class Store:
         self.snapshot_records = 0         # record_count when the snapshot on disk was taken
         self.snapshot_unindexed = 0       # messages it left queued for the search index (see unindexed)
         self.snapshot_outdated = False    # the snapshot on disk is of an earlier format (see _migrate)
-        self.snapshot_segments: list[str] = []  # the index segment files the snapshot on disk names
+        # the index segment files the snapshot on disk names; None while unknown (a snapshot that was
+        # not read: a salvage, or one ignored for a reason that may pass) — then none is ever removed
+        self.snapshot_segments: list[str] | None = None
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
         self.group_commit = False
@@ -188,7 +190,9 @@ class Store:
         self.salt = salt
         self.log_text.open(self.log_path, salt)
         start = logfile.HEADER_SIZE
-        if self.io.exists(self.snapshot_path) and not salvage:  # a salvage checks every record
+        if not self.io.exists(self.snapshot_path):
+            self.snapshot_segments = []  # no snapshot names any segment
+        elif not salvage:  # a salvage checks every record
             start = self._load_snapshot(salt, len(buf))
         result = self.scan_result = logfile.ScanResult()
         for pos, size, record in logfile.scan(buf, salt, start, result, resync=salvage):
@@ -256,6 +260,7 @@ class Store:
                         "of the current format is written right after", exc)
             self.snapshot_outdated = True
             self.snapshot_valid = False  # until _migrate_snapshot replaces it
+            self.snapshot_segments = []  # formats before segments name none
             return logfile.HEADER_SIZE
         except (snapshot.SnapshotInvalid, ValueError, KeyError, TypeError) as exc:
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
@@ -504,6 +509,14 @@ class Store:
             self.index_step(None)
         return self._index
 
+    def release_index_step(self) -> None:
+        """One bounded step of freeing the index's replaced frozen lists (SearchIndex.release_step)."""
+        self._index.release_step()
+
+    def search_flush_due(self) -> bool:
+        """The search index's live lists are big enough to be written as a segment (SearchIndex.flush_due)."""
+        return self._index.flush_due()
+
     def replace_index(self, index: SearchIndex) -> None:
         """A rebuild's index, which holds every live message: nothing stays queued."""
         self._index = index
@@ -720,15 +733,18 @@ class Store:
 
     def snapshot_due(self) -> bool:
         """Whether the snapshot on disk is behind: the log grew since, or the search index indexed
-        messages the snapshot left queued."""
+        messages the snapshot left queued, or its live lists are big enough to be written as a segment
+        (after a rebuild, whose index is all in memory)."""
         return self.writer is not None and not self.corrupt and not self.broken and (
-            self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed)
+            self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed
+            or self.search_flush_due())
 
-    def plan_snapshot(self) -> tuple[SegmentPlan | None, list[str]]:
+    def plan_snapshot(self, inline: bool = False) -> tuple[SegmentPlan | None, list[str]]:
         """Before a snapshot: freeze the search index's live postings and plan the segment the
         snapshot writes (SearchIndex.plan), and the segment names the snapshot will list. Called
-        by the process that keeps the store (before a background snapshot's fork, or inline)."""
-        plan = self._index.plan()
+        by the process that keeps the store (before a background snapshot's fork, or ``inline``:
+        a snapshot this thread writes itself, whose merges stay small)."""
+        plan = self._index.plan(inline)
         return plan, self._index.names_after(plan)
 
     def write_snapshot_file(self, tmp: str, plan: SegmentPlan | None) -> int:
@@ -739,7 +755,7 @@ class Store:
         if plan is not None:
             path = self._index.write_segment(plan, self.io, self.dir)
             self.io.sync_dir(self.dir)  # the file's name is durable before a snapshot names it
-            self._index.adopt(plan, Segment(path, self.io))
+            self._index.adopt(plan, Segment(path, self.io, verify=False))
         msgs = (m.row() for m in self.by_seq.values())
         snapshot.write_file(self.io, tmp, self.snapshot_meta(self.salt, pos), msgs, self._index.dump())
         return pos
@@ -753,16 +769,19 @@ class Store:
         self.snapshot_segments = list(names)
         if plan is not None and plan.name not in self._index.segment_names():
             try:
-                self._index.adopt(plan, Segment(os.path.join(self.dir, plan.name), self.io))
+                self._index.adopt(plan, Segment(os.path.join(self.dir, plan.name), self.io, verify=False))
             except (OSError, ValueError) as exc:  # the frozen postings go on serving; a later snapshot writes them
                 LOG.warning("the new index segment could not be mapped (%s); keeping its postings in memory", exc)
         self.collect_segments()
 
     def collect_segments(self) -> None:
         """Remove the segment files that neither the snapshot on disk nor the index names: a merge's
-        inputs once a snapshot without them is in place, a crashed write's orphan. Never called
+        inputs once a snapshot without them is in place, a crashed write's orphan — and nothing while
+        the snapshot on disk was not read (``snapshot_segments`` None). Never called
         while a rebuild's worker writes its own segment (which nothing names until its install):
         snapshots are neither started nor installed during a rebuild, and a stop cancels it first."""
+        if self.snapshot_segments is None:
+            return
         keep = set(self.snapshot_segments) | set(self._index.segment_names())
         try:
             names = self.io.listdir(self.dir)
@@ -777,7 +796,7 @@ class Store:
         if not self.snapshot_due():
             return False
         tmp = self.snapshot_path + layout.TMP_SUFFIX
-        plan, names = self.plan_snapshot()
+        plan, names = self.plan_snapshot(inline=True)
         self.install_snapshot(tmp, self.write_snapshot_file(tmp, plan), plan, names)
         self.snapshot_records = self.record_count
         self.snapshot_unindexed = len(self.unindexed)
@@ -786,7 +805,7 @@ class Store:
     def snapshot_bytes(self) -> int:
         """The snapshot's size on disk: its file and the index segments it names (its manifest)."""
         return self.io.size(self.snapshot_path) + sum(
-            self.io.size(os.path.join(self.dir, name)) for name in self.snapshot_segments)
+            self.io.size(os.path.join(self.dir, name)) for name in self.snapshot_segments or ())
 
     def log_size(self) -> int:
         return self.writer.size if self.writer is not None else self.io.size(self.log_path)

@@ -227,3 +227,57 @@ def test_frozen_lists_a_segment_replaced_are_freed_in_idle_steps(tmp_path, monke
         steps += 1
     assert steps > 3 and not frozen.vocab and not any(frozen.slots) and index.memory_bytes() < held
     assert [h.doc for h in index.search("w1", 5)]  # the segment serves
+
+
+def test_prefix_expansion_reaches_the_newest_part_among_many(tmp_path, monkeypatch):
+    """Every part's sorted terms are read as one sorted list, charged once per prefix: with a dozen
+    segments the live lists still expand a prefix (the review found the newest parts got none)."""
+    monkeypatch.setattr(search_mod, "_MERGE_RATIO", 0)  # every batch its own segment, as the size cap leaves them
+    monkeypatch.setattr(search_mod, "_MAX_SEGMENTS", 100)
+    io = FileIO()
+    mem, seg = SearchIndex(), SearchIndex()
+    doc = 0
+    for batch in range(12):
+        for i in range(300):
+            doc += 1
+            text = f"zebra{batch}x{i} yak{i}q common" + (" postgresql" if batch == 11 and i == 0 else "")
+            mem.add(doc, text, None, [])
+            seg.add(doc, text, None, [])
+        if batch < 11:
+            _snapshot(seg, str(tmp_path), io)
+    assert len(seg._parts) == 11
+    for index in (mem, seg):
+        while index.idle_step():
+            pass
+    for q in ("postgres", "postgres common"):
+        assert [h.doc for h in seg.search(q, 5)][:1] == [h.doc for h in mem.search(q, 5)][:1] == [3301], q
+
+
+def test_the_segment_head_is_under_its_checksum(tmp_path):
+    """A section offset moved in the head (the body intact) is refused, not read as other postings."""
+    from storaged import segment as seg_mod
+
+    _, path, _ = _written(tmp_path)
+    with open(path, "r+b") as f:
+        f.seek(seg_mod.HEAD.size)
+        off = int.from_bytes(f.read(8), "little")
+        f.seek(seg_mod.HEAD.size)
+        f.write((off + 8).to_bytes(8, "little"))
+    with pytest.raises(SegmentInvalid):
+        Segment(path)
+
+
+def test_an_inline_snapshot_merges_only_small_segments(tmp_path, monkeypatch):
+    """A snapshot the daemon writes on its own thread (a clean stop) never starts a big merge: that
+    is the snapshot child's work."""
+    io = FileIO()
+    index = SearchIndex()
+    docs = _docs(800, seed=9)
+    for seq, c, s, t in docs[:500]:
+        index.add(seq, c, s, t)
+    _snapshot(index, str(tmp_path), io)
+    monkeypatch.setattr(search_mod, "_INLINE_MERGE_MAX_POSTINGS", index._parts[0].postings_count // 2)
+    for seq, c, s, t in docs[500:]:
+        index.add(seq, c, s, t)
+    assert len(index.plan(inline=True).parts) == 1  # the new lists alone, not merged into the big segment
+    assert len(index.plan().parts) == 2  # the same state in the child: the ratio rule merges them
