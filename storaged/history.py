@@ -365,8 +365,11 @@ class HistoryViews:
 
         # the same conversation-aware ranking as search_messages (storaged/rank.py): an event's score
         # takes in its neighbours' in the session's order; only events that match themselves are hits
+        # the usual search (no scope, no harness or source): the event-type filter asked in C
+        accept_docs = store.etype_filter(types) if sid_only is None and harness is None and source is None else None
         hits = ranked_search(store.search, req["query"], n + 1, accept, tiebreak, CONTENT_FIELD,
-                             neighbours=session_neighbours(store), text_of=lambda d: by_seq[d].content, own_match=True)
+                             neighbours=session_neighbours(store), text_of=lambda d: by_seq[d].content, own_match=True,
+                             accept_docs=accept_docs)
         truncated = len(hits) > n
         hits = hits[:n]   # already in the interface's order: score, then time, then event id
         top = hits[0].score if hits else 1.0

@@ -155,21 +155,24 @@ def ranked_search(
     text_of: Callable[[int], str] | None = None,
     weights: Sequence[float] = CONTEXT_WEIGHTS,
     own_match: bool = False,
+    accept_docs: Callable | None = None,
 ) -> list[RankedHit]:
     """The ``limit`` best acceptable docs by own score + context share (+ phrase bonus), then
     ``tiebreak`` (default: doc), descending.  Without ``neighbours`` there is no context share;
     without ``text_of`` no phrase check.  ``own_match``: context only reorders docs that match
-    themselves (search_sessions, whose snippet must show the match), it adds none."""
+    themselves (search_sessions, whose snippet must show the match), it adds none.
+    ``accept_docs``: ``accept`` over an array of docs (SearchIndex.search_own), when the caller has one."""
     if limit <= 0:
         return []
     radius = len(weights) if neighbours is not None else 0
     pool_n = max(POOL_MIN, POOL_FACTOR * limit)
-    hits, scorer = index.search_own(query, pool_n, None if radius else accept, tiebreak, fields)
+    hits, scorer = index.search_own(query, pool_n, None if radius else accept, tiebreak, fields,
+                                    None if radius else accept_docs)
     total = dict(hits)  # doc → own score, all fields (the breakdown: for the finalists only, below)
     pool = list(total)
     if radius and accept is not None and sum(map(accept, pool)) < limit:
         # a narrow filter: the best acceptable docs may lie outside the unfiltered pool
-        for d, v in index.search_own(query, pool_n, accept, tiebreak, fields)[0]:
+        for d, v in index.search_own(query, pool_n, accept, tiebreak, fields, accept_docs)[0]:
             if d not in total:
                 total[d] = v
                 pool.append(d)

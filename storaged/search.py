@@ -1705,13 +1705,16 @@ class SearchIndex:
         accept: Callable[[int], bool] | None = None,
         tiebreak: Callable[[int], tuple] | None = None,
         fields: tuple[int, ...] = (0, 1, 2),
+        accept_docs: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> tuple[list[tuple[int, float]], "QueryScores"]:
         """search_scored() without the per-field breakdown: ([(doc, score)], scorer), each score
         the doc's total as the scorer sums it (QueryScores.totals: lists in query order, where a
         Hit sums per field first, so the two may differ in the last bit and docs tied to it may
         swap).  For stages that rerank a pool and want the breakdown of their own finalists only
-        (QueryScores.fields; storaged/rank.py): it saves probing every list for the whole pool."""
-        pool, totals, _, scorer = self._pool(query, limit, accept, fields)
+        (QueryScores.fields; storaged/rank.py): it saves probing every list for the whole pool.
+        ``accept_docs``: ``accept`` for a whole array of docs at once (a bool array), which the
+        array kernel then uses in place of asking ``accept`` doc by doc."""
+        pool, totals, _, scorer = self._pool(query, limit, accept, fields, accept_docs)
         slot_doc = self._slot_doc
         own = [(slot_doc[s], v) for s, v in zip(pool, totals)]
         if tiebreak is None:  # (score, doc) is unique: a sort is nlargest's order, in C
@@ -1719,7 +1722,8 @@ class SearchIndex:
             return own[:limit], scorer
         return nlargest(limit, own, key=lambda h: (h[1], tiebreak(h[0]))), scorer
 
-    def _pool(self, query: str, limit: int, accept, fields) -> tuple[list[int], list[float], list, "QueryScores"]:
+    def _pool(self, query: str, limit: int, accept, fields,
+              accept_docs=None) -> tuple[list[int], list[float], list, "QueryScores"]:
         """(pool, totals, lists, scorer): the slots of the acceptable docs scoring within float
         noise of the limit-th best (see _top_pool), their exact totals (lists summed in the order
         they are sorted here, best bound first), the query's lists.  The body of search_scored(),
@@ -1739,7 +1743,7 @@ class SearchIndex:
         slot_doc = self._slot_doc
         ok = _verdicts(alive, slot_doc, accept)
         if rem_size[0] <= _ARRAY_POSTINGS:
-            return self._pool_arrays(lists, limit, ok if accept is not None else None)
+            return self._pool_arrays(lists, limit, ok if accept is not None else None, accept_docs)
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
         for i in range(n - 1, -1, -1):
             rem[i] = rem[i + 1] + lists[i].ub
@@ -1803,7 +1807,7 @@ class SearchIndex:
         pool = self._top_pool(acc, limit, ok)
         return pool, list(map(acc.__getitem__, pool)), lists, scorer
 
-    def _pool_arrays(self, lists: list, limit: int, ok) -> tuple[list[int], list[float], list, "QueryScores"]:
+    def _pool_arrays(self, lists: list, limit: int, ok, accept_docs=None) -> tuple[list[int], list[float], list, "QueryScores"]:
         """_pool() for a query within _ARRAY_POSTINGS: every list at once, in C.
 
         Why: MaxScore saves postings, but each one it reads costs a Python step (~1 µs); here all
@@ -1840,11 +1844,16 @@ class SearchIndex:
             touched, inverse = np.unique(postings, return_inverse=True)
             scores = np.bincount(inverse, values)
         scorer = QueryScores(self, lists, {}, len(lists), (touched, scores, postings, values, lengths))
-        if ok is None:  # no filter: the live docs, all at once
-            if self._dead:
+        if ok is None or accept_docs is not None:  # no filter, or one asked of all docs at once
+            if self._dead or accept_docs is not None:
                 view = np.frombuffer(self._alive, np.uint8)  # dropped at once: add() must grow it
                 live = view[touched] != 0
                 del view
+                if accept_docs is not None:
+                    view = np.frombuffer(self._slot_doc, np.uint64)
+                    docs = view[touched].astype(np.int64)
+                    del view
+                    live &= accept_docs(docs)
                 n_live = int(np.count_nonzero(live))
                 if n_live > limit:
                     theta = np.partition(scores[live], n_live - limit)[n_live - limit]

@@ -26,10 +26,13 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, Callable
 
+import numpy as np
+
 from protocol import errors as E
 from protocol import limits as L
 from protocol import requests as R
 from protocol.errors import ProtocolError
+from protocol.history import EVENT_TYPES
 
 from . import layout
 from . import log as logfile
@@ -55,6 +58,10 @@ CURSOR_KEY_BYTES = 32  # the HMAC key of cursors and typed ids (storaged/cursor.
 # a request id is when the daemon saw it (the time of the record it names), never the time a client
 # wrote into the ULID: a client could send any, and one dated 9999 would then be kept for ever.
 RID_WINDOW = 16384
+
+
+# an event type's code in Store.etype_codes (0: no live message at that seq)
+ETYPE_CODE = {t: i + 1 for i, t in enumerate(EVENT_TYPES)}
 
 
 def check_revision(msg: Message, expected: int | None) -> None:
@@ -86,6 +93,9 @@ class Store:
         self.session_keys: dict[bytes, str] = {}  # handles.session_digest(sid) -> sid, for session: ids
         self.relations = RelationIndex()
         self.touches = TouchIndex()
+        # each seq's event type as a code (ETYPE_CODE), one byte a seq: a search filtered by event
+        # type asks it of all the docs it reached at once (etype_filter), not message by message
+        self.etype_codes = bytearray()
         # The search index lags the state by the messages in ``unindexed`` (seqs, oldest first): a
         # mutation or replay only queues its message, and the daemon indexes the queue in slices between
         # requests (``index_step``), so a big import or a replay never holds every client behind its
@@ -434,6 +444,7 @@ class Store:
         if msg.ext is not None:
             self.touches.add(msg)
         self.unindexed.append(msg.seq)
+        self._note_etype(msg.seq, msg.etype)
         self.live_bytes += msg.rec_size
         self.body_bytes += msg.body_bytes()
         self.metadata_bytes += msg.metadata_bytes()
@@ -444,6 +455,7 @@ class Store:
         the same structures, minus the per-message work a snapshot makes unnecessary."""
         by_id, by_seq, sessions, relations = self.by_id, self.by_seq, self.sessions, self.relations
         from_row, src = Message.from_row, self.log_text
+        note_etype = self._note_etype
         live = 0
         for row in rows:
             msg = from_row(row, src)
@@ -459,15 +471,39 @@ class Store:
                 relations.add(msg)
             if msg.ext is not None:
                 self.touches.add(msg)
+            note_etype(msg.seq, msg.etype)
             live += msg.rec_size
         self.live_bytes += live
         self.session_order.invalidate()
         self.sessions_version += 1
 
+    def _note_etype(self, seq: int, etype: str) -> None:
+        codes = self.etype_codes
+        if seq >= len(codes):
+            codes.extend(bytes(seq + 1 - len(codes) + (seq >> 3)))
+        codes[seq] = ETYPE_CODE.get(etype, 0)
+
+    def etype_filter(self, types) -> Callable[[np.ndarray], np.ndarray]:
+        """accept_docs for SearchIndex.search_own: which of an array of seqs are messages of one of
+        ``types`` (dead or unknown seqs: no), in C."""
+        table = np.zeros(256, bool)
+        for t in types:
+            table[ETYPE_CODE[t]] = True
+        codes = self.etype_codes
+
+        def accept_docs(docs: np.ndarray) -> np.ndarray:
+            view = np.frombuffer(codes, np.uint8)  # dropped on return: _note_etype must grow it
+            out = np.zeros(len(docs), bool)
+            inside = (docs >= 0) & (docs < len(view))
+            out[inside] = table[view[docs[inside]]]
+            return out
+        return accept_docs
+
     def _remove(self, msg: Message, keep_slot: bool = False, track_order: bool = True) -> None:
         del self.by_id[msg.message_id]
         if not keep_slot:
             del self.by_seq[msg.seq]
+            self.etype_codes[msg.seq] = 0
         session = self.sessions[msg.session_id]
         span = (session.min_ts, session.max_ts)
         session.remove(msg, self.by_seq)
