@@ -79,6 +79,10 @@ HELD_REPLY_BYTES = 2 * L.RESPONSE_BUDGET_BYTES
 REBUILD_RESULTS_KEPT = 32
 POLL_MS = 100
 IDLE_SLICE_S = 0.02  # background work done at once while no request waits (it stops when one arrives)
+# A step of the loop that holds every client longer than this is logged with what it was (a batch's
+# ops, a background snapshot's start or install, idle work): the issue's goal is 50 ms, and a
+# warning says which step to look at when a client waited longer.
+SLOW_STEP_S = 0.25
 BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch of requests, so the queue drains under load too
 INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
 SEARCH_CATCH_UP_S = 0.25  # a search indexes what is queued within this, else is answered BUSY
@@ -257,15 +261,27 @@ class Server:
                         batch.append((envelope, body))
                         size += sum(map(len, body))
                 if batch:
+                    t0 = time.monotonic()
                     self._serve_batch(batch)
                     if self.store is not None:
                         self.store.release_index_step()
                         if self.store.unindexed:
                             self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
+                    self._note_slow(t0, lambda: f"a batch of {len(batch)} request(s)")
             elif not events and self.store is not None:
+                t0 = time.monotonic()
                 self._idle_work()
+                self._note_slow(t0, lambda: "idle work (indexing, the prefix list, freeing replaced lists)")
             if self.store is not None:
+                t0 = time.monotonic()
                 self._background_snapshot()
+                self._note_slow(t0, lambda: "a background snapshot's start or install")
+
+    @staticmethod
+    def _note_slow(t0: float, what: Callable[[], str]) -> None:
+        took = time.monotonic() - t0
+        if took > SLOW_STEP_S:
+            LOG.warning("the request loop was busy %.0f ms with %s", took * 1000, what())
 
     def _serve_batch(self, batch: list[tuple[list[bytes], list[bytes]]]) -> None:
         """Group commit: the requests that arrived together are handled in order, their appends
