@@ -182,7 +182,7 @@ async def test_read_model_refresh_while_the_daemon_loads(data_dir: Path, home: P
     from tests.support.daemon_proc import Client as ZClient, daemon_env
     from protocol.config import default_endpoint
 
-    env = daemon_env({"CONVMEM_FAULT_LOAD_DELAY_S": "2"})  # the raw calls below take milliseconds
+    env = daemon_env({"CONVMEM_FAULT_LOAD_DELAY_S": "4"})
     proc = procs.start(["python", "-m", "storaged", "--data-dir", str(data_dir)], env)
     procs.watch_data_dir(data_dir)
     endpoint = default_endpoint(str(data_dir), {})
