@@ -1068,12 +1068,14 @@ def test_ingester_waits_out_the_import_backpressure(env):
     and sends the batch again — every event stored exactly once, the last ones found by a search.
 
     The ingester alone does not fill the queue (it sends events more slowly than the daemon indexes
-    them), and the daemon has no option to lower the limit. So once the ingester has stored its first
-    batch, a second importer (another host, as far as the daemon knows) sends batches of ~1 KB messages
-    — slow to index — retrying each BUSY every few ms: the queue sits at the limit for seconds while the
-    ingester is mid-run, so the ingester's next imports are answered BUSY until it drains. That the
-    queue reached the limit while the ingester ran is asserted (the other importer was answered BUSY
-    then); whether a given ingester request was is not visible outside it."""
+    them: no BUSY in 11k events of 1 or 4 KB), and the daemon has no option to lower the limit. So once
+    the ingester has stored its first batch, a second importer (another host, as far as the daemon
+    knows) sends batches of 1000 short messages — an import is applied much faster than it is indexed —
+    retrying each BUSY every few ms, until it has been held back in three separate batches while the
+    ingester runs: the queue sits at the limit for those periods with the ingester mid-run, and an
+    ingester import that arrives then is answered BUSY. That the queue reached the limit while the
+    ingester ran is asserted (the other importer was answered BUSY then); whether a given ingester
+    request was is not visible outside the ingester."""
     from storaged.server import INDEX_QUEUE_MAX
 
     sessions, events = 11, 1000
