@@ -42,6 +42,7 @@ def Client(url: str) -> Any:  # noqa: N802  (the SDK's client, with the HTTP fro
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 CONF = ROOT / "supervisord.conf"
+INGEST_EXEC = "exec convmem-ingest"
 BIN_DIR = os.path.dirname(sys.executable)
 N_MESSAGES = 20
 SESSION = "deploy"
@@ -98,7 +99,11 @@ class Supervisor:
     def __init__(self, base: Path) -> None:
         self.base = base
         self.conf = base / "supervisord.conf"
-        shutil.copyfile(CONF, self.conf)
+        # the repository's file, but the ingester scans every second instead of every 10 s: the test
+        # waits for a line it appends to be ingested, and that wait is all the interval changes
+        conf = CONF.read_text()
+        assert INGEST_EXEC in conf, "supervisord.conf no longer starts the ingester as the test expects"
+        self.conf.write_text(conf.replace(INGEST_EXEC, INGEST_EXEC + " --interval 1"))
         (base / "var").mkdir()
         self.data_dir = base / "data"
         self.home = base / "home"

@@ -129,8 +129,11 @@ async def _run(data_dir: Path, home: Path, writes: int, seed: int, events: int) 
 
 
 async def test_kills_and_stops_around_writes_lose_and_duplicate_nothing(data_dir: Path, home: Path) -> None:
-    stats = await _run(data_dir, home, writes=60, seed=int(os.environ.get("CONVMEM_CHAOS_SEED", "12")), events=10)
-    assert stats["kills"] + stats["stops"] >= 10, stats
+    # five events: seed 12 draws a stop longer than the front-end's three attempts, two kills, another
+    # long stop and a short one (while no daemon runs a draw is skipped), every kind the chaos makes;
+    # more events repeat them, which the long runs (-m slow) do
+    stats = await _run(data_dir, home, writes=60, seed=int(os.environ.get("CONVMEM_CHAOS_SEED", "12")), events=5)
+    assert stats["kills"] + stats["stops"] >= 5, stats
     assert stats["retries"] >= 1, stats
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import select
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from typing import Any, Callable
 
 import anyio
 import pytest
+from ulid import ULID
 
 from tests.support.admin_cli import cli_cmd, cli_env
 from tests.support.daemon_proc import Daemon, DaemonPool
@@ -962,8 +964,9 @@ def test_secrets_are_redacted_before_storage(env):
 
 
 # ================================================================ 7. crash safety of ingestion
-def _backfill(home: Path, sessions: int, events: int) -> set[str]:
-    """Claude transcripts with one distinct token per event; returns the tokens."""
+def _backfill(home: Path, sessions: int, events: int, filler: Callable[[int, int], str] | None = None) -> set[str]:
+    """Claude transcripts with one distinct token per event, followed by ``filler(session, event)``
+    (default: a few Latin words); returns the tokens."""
     tokens = set()
     for s in range(sessions):
         sid = f"00000000-0000-4000-8000-{s:012d}"
@@ -973,8 +976,9 @@ def _backfill(home: Path, sessions: int, events: int) -> set[str]:
             tok = f"tok{s}x{e}"
             tokens.add(tok)
             ms = BASE + s * 1_000_000 + e * 10
-            filler = " lorem ipsum dolor sit amet" * 6
-            lines.append(c.user(ms, tok + filler) if e % 2 == 0 else c.assistant(ms, [text_block(tok + filler)]))
+            filler_text = filler(s, e) if filler is not None else " lorem ipsum dolor sit amet" * 6
+            lines.append(c.user(ms, tok + filler_text) if e % 2 == 0
+                         else c.assistant(ms, [text_block(tok + filler_text)]))
         claude_file(home, "-home-dev-big", sid).write_bytes(jl(lines))
     return tokens
 
@@ -1056,6 +1060,67 @@ def test_daemon_restarted_while_ingester_runs_to_completion(env):
     assert r["malformed"] == 0
     got = _stored_tokens(env.c)
     assert set(got) == tokens and max(got.values()) == 1
+
+
+def test_ingester_waits_out_the_import_backpressure(env):
+    """A backfill larger than the search index's queue limit (``INDEX_QUEUE_MAX``) meets imports the
+    daemon answers BUSY while that many messages wait to be indexed: ``convmem-ingest`` waits each out
+    and sends the batch again — every event stored exactly once, the last ones found by a search.
+
+    The ingester alone does not fill the queue (it sends events more slowly than the daemon indexes
+    them: no BUSY in 11k events of 1 or 4 KB), and the daemon has no option to lower the limit. So once
+    the ingester has stored its first batch, a second importer (another host, as far as the daemon
+    knows) sends batches of 1000 short messages — an import is applied much faster than it is indexed —
+    retrying each BUSY every few ms, until it has been held back in three separate batches while the
+    ingester runs: the queue sits at the limit for those periods with the ingester mid-run, and an
+    ingester import that arrives then is answered BUSY. That the queue reached the limit while the
+    ingester ran is asserted (the other importer was answered BUSY then); whether a given ingester
+    request was is not visible outside the ingester."""
+    from storaged.server import INDEX_QUEUE_MAX
+
+    sessions, events = 11, 1000
+    assert sessions * events > INDEX_QUEUE_MAX
+    tokens = _backfill(env.home, sessions, events)
+    full_periods_wanted = 3   # each as long as indexing one of the other importer's batches takes
+    rng = random.Random(5)
+    vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 10))) for _ in range(3000)]
+    texts = [" ".join(rng.choice(vocab) for _ in range(30)) for _ in range(256)]
+    batches, per_batch = INDEX_QUEUE_MAX // 1000 + 2, 1000
+    other = [[{"message_id": str(ULID.from_bytes(((BASE << 80) | n).to_bytes(16, "big"))), "session_id": "other-host",
+               "role": "user", "timestamp": BASE, "content": texts[n % len(texts)]}
+              for n in range(b * per_batch, (b + 1) * per_batch)] for b in range(batches)]
+    proc = env.popen(env.ingest_cmd("--once", "--harness", "claude-code"))
+    wait_for(lambda: env.c.health()["active_messages"] > 0, 60, "the ingester's first batch", alive=proc, poll_s=0.005)
+    busy_while_ingesting = full_periods = sent = 0
+    for batch in other:   # until the queue was full full_periods_wanted times while the ingester ran
+        waited = False
+        while True:
+            rep = env.c.call("import_messages", {"messages": batch})
+            if rep.get("status") == "OK":
+                assert rep["imported"] == per_batch, rep
+                sent += 1
+                break
+            assert rep["error"]["code"] == "BUSY" and rep["error"]["retry_after_ms"] > 0, rep
+            if proc.poll() is None:
+                busy_while_ingesting += 1
+                waited = True
+            time.sleep(0.005)
+        full_periods += waited
+        if full_periods >= full_periods_wanted or proc.poll() is not None:
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    r = json.loads(out)
+    assert busy_while_ingesting > 0, "the queue never reached its limit while the ingester ran"
+    assert (r["imported"], r["existing"], r["malformed"]) == (len(tokens), 0, 0), r
+    got = Counter(m["content"].split(" ", 1)[0] for m in env.c.all_messages() if m["session_id"] != "other-host")
+    assert set(got) == tokens and max(got.values()) == 1, [t for t, n in got.items() if n > 1][:10]
+    assert env.c.health()["active_messages"] == len(tokens) + sent * per_batch
+    for tok in (f"tok{sessions - 1}x{events - 1}", f"tok{sessions - 1}x{events - 2}"):
+        rep = env.c.call("search_messages", {"query": tok, "limit": 1}, busy_retry=True, deadline=time.monotonic() + 60)
+        assert rep["results"] and rep["results"][0]["content"].startswith(tok + " "), rep
+    print(f"\nbackpressure: the other importer was answered BUSY {busy_while_ingesting} times ({full_periods} "
+          f"periods) while the ingester ran")
 
 
 # ===================================================================== 8. convmem-ingest service
