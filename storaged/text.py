@@ -10,7 +10,7 @@ than the text.
 Every read verifies the record's frame and salted checksum, as the scan at start does, and the msgpack
 str header in front of the text: bytes that rotted on disk after the start (or before the snapshot's
 position, which a start does not re-read) are never served, nor copied into a compacted log under a
-fresh checksum. A failed check raises ``TextDamaged`` (EIO, answered IO_ERROR) and tells the store,
+fresh checksum. A failed check raises ``TextDamaged`` (an EIO, which the server answers CORRUPT_STORE) and tells the store,
 which then refuses mutations as for damage found at start, until ``--salvage`` repairs the log.
 
 The offset of the text inside a record follows from the record itself: msgpack packs an array as its
