@@ -3,12 +3,12 @@ memory family answers BUSY with ``retry_after_ms``, the history family its retry
 same searches succeed and find what was imported.
 
 Imports only queue their messages for the search index; the daemon indexes the queue between requests,
-and a search first indexes what is queued for up to ``SEARCH_CATCH_UP_S`` (250 ms), else is answered
+and a search first indexes what is queued for up to ``SEARCH_CATCH_UP_S`` (40 ms), else is answered
 BUSY (``Store.catch_up``). To make a queue the daemon cannot index within that, several import
 requests of ~1 KB messages are sent at once on separate sockets: they arrive together, so the daemon
 handles them back to back with no idle time to index in between, and 3000 messages are queued the
 moment the last reply leaves (the daemon indexes 1-2 thousand such texts a second on 2 cores: several
-times what a search's 250 ms covers).
+times what a search's 40 ms covers).
 
 No timing is asserted. A round imports, then searches until the imported text is found; BUSY must be
 seen by each family at least once within ``ROUNDS_MAX`` rounds (one suffices here: the queue takes
