@@ -8,7 +8,6 @@ reached the disk), 1 anything else.
 from __future__ import annotations
 
 import argparse
-import gc
 import ipaddress
 import json
 import logging
@@ -211,9 +210,6 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
     def loaded(store: Store) -> None:
         if args.log_file:  # started by a front-end: it has read the start-up; the rest goes to the log file
             switch_log(args.log_file)
-        # Everything loaded lives as long as the process: move it out of the cyclic GC's sight, so a full
-        # collection never walks a million messages while a request waits (the Instagram gc.freeze trick).
-        gc.freeze()
         h = store.health()
         index = store._index
         LOG.info("opened %s in %.2f s: %d messages in %d sessions, log %d bytes, replayed %d records after the "

@@ -209,8 +209,12 @@ class Server:
         self.store = store
 
     def load_in_background(self, open_store: Callable[[], Store]) -> None:
-        """Open the store in a worker thread while the loop answers "loading" (call after bind)."""
+        """Open the store in a worker thread while the loop answers "loading" (call after bind). No cyclic
+        GC meanwhile: each full collection would walk every object loaded so far holding the GIL (a
+        "loading" reply waited over a second behind one at 275k messages); it resumes, with the
+        loaded structures frozen out of its sight, when the load ends (_finish_load)."""
         def work() -> None:
+            gc.disable()
             try:
                 self.load_outcome = ("ok", open_store())
             except BaseException as exc:  # reported by the loop, which then stops the daemon
@@ -227,14 +231,20 @@ class Server:
         self.loader.join()
         self.loader = None
         kind, value = self.load_outcome
-        if kind == "error":
-            LOG.critical("could not open the store: %s", value)
-            self.load_error = value
-            self.stopping = True
-            return
-        if self.on_loaded is not None:
-            self.on_loaded(value)
-        self.install_store(value)
+        try:
+            if kind == "error":
+                LOG.critical("could not open the store: %s", value)
+                self.load_error = value
+                self.stopping = True
+                return
+            if self.on_loaded is not None:
+                self.on_loaded(value)
+            # what was loaded lives as long as the process: out of the full collections' sight, so that none
+            # walks a million messages while a request waits (the Instagram gc.freeze trick)
+            gc.freeze()
+            self.install_store(value)
+        finally:
+            gc.enable()
 
     def bind(self) -> None:
         self.sock.bind(self.endpoint)
