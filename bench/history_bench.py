@@ -615,6 +615,15 @@ def pair(ours: list[float], theirs: list[float]) -> dict[str, Any]:
 def search_and_open(req: Req, lite: SqliteHistory, queries: list[tuple[str, list[str] | None, str]],
                     n_hits: int, n_opens: int) -> dict[str, Any]:
     default = ["user_input", "assistant_response"]
+    # the daemon indexes an import in the background: searches are answered busy (retryable, with a
+    # hint) until it has caught up — what a host sees after a bulk import; wait for it, as a host retries
+    deadline = time.monotonic() + 300
+    while True:
+        _dt, r = req.call("search_sessions", {"query": "warm up"})
+        err = r.get("error") or {}
+        if r.get("status") == "OK" or not err.get("retryable") or time.monotonic() > deadline:
+            break
+        time.sleep(err.get("retry_after_ms", 250) / 1000)
     # warm-up, and what each side finds
     found = {"ours": 0, "fts5": 0}
     found_by_kind: dict[str, list[int]] = {}

@@ -85,11 +85,14 @@ IDLE_SLICE_S = 0.02  # background work done at once while no request waits (it s
 SLOW_STEP_S = 0.25
 BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch of requests, so the queue drains under load too
 INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
-# A search indexes what is queued within this, else is answered BUSY: short, because every client
-# waits behind it (a search after a restart's replay held each ping 250 ms when it was 0.25 s); the
-# rest of the queue is indexed in the idle and after-batch slices, and the BUSY's retry_after_ms
-# brings the search back.
-SEARCH_CATCH_UP_S = 0.04
+# A search first indexes what is queued, for up to SEARCH_CATCH_UP_S when at most
+# SEARCH_CATCH_UP_SMALL messages are queued (a host's own recent writes: it reads them back, not a
+# BUSY), else for SEARCH_CATCH_UP_BIG_S only — every client waits behind it, and a restart's replayed
+# tail made each search hold the loop 250 ms — then answers BUSY: the rest is indexed in the idle and
+# after-batch slices, and the BUSY's retry_after_ms brings the search back.
+SEARCH_CATCH_UP_S = 0.25
+SEARCH_CATCH_UP_SMALL = 500
+SEARCH_CATCH_UP_BIG_S = 0.04
 # imports wait (BUSY) while this many messages are queued for the search index: a few seconds of
 # indexing, which a clean stop's STOP_INDEX_BUDGET_S mostly covers
 INDEX_QUEUE_MAX = 10_000
@@ -100,7 +103,7 @@ ZAP_DOMAIN = "convmem"
 def _after_catch_up(store: Store, handler: Callable[[Any, str | None], dict[str, Any]]):
     """A search op's handler that first lets the search index catch up (``Store.catch_up``)."""
     def searching(args: Any, rid: str | None) -> dict[str, Any]:
-        store.catch_up(SEARCH_CATCH_UP_S)
+        store.catch_up(SEARCH_CATCH_UP_S if len(store.unindexed) <= SEARCH_CATCH_UP_SMALL else SEARCH_CATCH_UP_BIG_S)
         return handler(args, rid)
     return searching
 

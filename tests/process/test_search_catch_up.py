@@ -3,7 +3,8 @@ memory family answers BUSY with ``retry_after_ms``, the history family its retry
 same searches succeed and find what was imported.
 
 Imports only queue their messages for the search index; the daemon indexes the queue between requests,
-and a search first indexes what is queued for up to ``SEARCH_CATCH_UP_S`` (40 ms), else is answered
+and a search first indexes what is queued for up to 40 ms when more than 500 messages are queued
+(``SEARCH_CATCH_UP_BIG_S``; 250 ms for a small queue), else is answered
 BUSY (``Store.catch_up``). To make a queue the daemon cannot index within that, several import
 requests of ~1 KB messages are sent at once on separate sockets: they arrive together, so the daemon
 handles them back to back with no idle time to index in between, and 3000 messages are queued the
