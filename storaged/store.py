@@ -546,8 +546,9 @@ class Store:
         return self._index
 
     def release_index_step(self) -> None:
-        """One bounded step of freeing the index's replaced frozen lists (SearchIndex.release_step)."""
-        self._index.release_step()
+        """After a batch of requests: one small step of freeing the index's replaced frozen lists
+        (SearchIndex.release_step)."""
+        self._index.release_step(busy=True)
 
     def search_flush_due(self) -> bool:
         """The search index's live lists are big enough to be written as a segment (SearchIndex.flush_due)."""
