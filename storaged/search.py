@@ -262,7 +262,7 @@ class _TermList:
         self.keys = keys
         self.w = w
         self.table = table
-        self.size = 1 if type(slots) is int else len(slots)
+        self.size = _list_size(slots)
         self.ub = w * table[(maxtf << _DL_BITS) | 1]
 
     def scan_into(self, acc: dict) -> None:
@@ -406,8 +406,18 @@ class _PhraseBonus:
         return self.ub if all(any(_contains(p, s) for p in g) for g in self.grams) else 0.0
 
 
+def _list_size(p) -> int:
+    """Postings in a list as the index keeps it: a bare int (one posting) or an array/memoryview."""
+    return 1 if type(p) is int else len(p)
+
+
 def _gram_size(lists) -> int:
-    return sum(1 if type(p) is int else len(p) for p in lists)
+    return sum(map(_list_size, lists))
+
+
+def _df_of(got: list) -> int:
+    """Postings of a term in one field over the parts holding it (``_term_postings``' lists)."""
+    return sum(_list_size(g[0]) for g in got)
 
 
 def _gram_docs(lists) -> set:
@@ -842,7 +852,7 @@ class _MemPart:
         return p, self.keys[f][t], self.maxtf[f][t]
 
     def df(self, t: int) -> int:
-        return sum(0 if p is None else 1 if type(p) is int else len(p) for p in (sl[t] for sl in self.slots))
+        return sum(_list_size(p) for p in (sl[t] for sl in self.slots) if p is not None)
 
     def char_terms(self, ch: str):
         return self._char_index().get(ch, ())
@@ -881,16 +891,21 @@ class _MemPart:
         return self.terms
 
 
+def _char_index_from(vocab: dict) -> dict[str, array]:
+    """Character → the ids of the CJK bigrams holding it, over a whole vocabulary."""
+    ct: dict[str, array] = {}
+    for term, tid in vocab.items():
+        _note_char_term(ct, term, tid)
+    return ct
+
+
 def _char_index_of(vocab: dict) -> Callable[[], dict]:
     """A frozen part's character index, built on first use (a one-character CJK query)."""
     cache: list = []
 
     def get() -> dict:
         if not cache:
-            ct: dict[str, array] = {}
-            for term, tid in vocab.items():
-                _note_char_term(ct, term, tid)
-            cache.append(ct)
+            cache.append(_char_index_from(vocab))
         return cache[0]
     return get
 
@@ -1344,17 +1359,15 @@ class SearchIndex:
             for part, tmap in zip(run, maps):
                 tids, lengths, slots, keys = part.export(f)
                 term_of = np.repeat(tmap[tids.astype(np.int64)], lengths.astype(np.int64))
-                rank = np.arange(len(slots), dtype=np.int64) - np.repeat(
-                    np.cumsum(lengths, dtype=np.int64) - lengths, lengths.astype(np.int64))
                 if not clean:
                     keep = alive[slots.astype(np.int64) - plan.slot_lo] != 0
                     term_of, slots, keys = term_of[keep], slots[keep], keys[keep]
-                    rank = rank[keep]
-                    # ranks among the kept postings of each list
-                    firsts = np.ones(len(term_of), bool)
-                    firsts[1:] = term_of[1:] != term_of[:-1]
-                    starts = np.flatnonzero(firsts)
-                    rank = np.arange(len(term_of)) - np.repeat(starts, np.diff(np.append(starts, len(term_of))))
+                # each posting's rank in its list: a part's lists are runs of one term each (two of its
+                # terms never share a number in the merged vocabulary)
+                firsts = np.ones(len(term_of), bool)
+                firsts[1:] = term_of[1:] != term_of[:-1]
+                starts = np.flatnonzero(firsts)
+                rank = np.arange(len(term_of)) - np.repeat(starts, np.diff(np.append(starts, len(term_of))))
                 pieces.append((term_of, rank, slots, keys))
                 counts += np.bincount(term_of, minlength=nt)
             off = np.zeros(nt + 1, np.int64)
@@ -1448,10 +1461,7 @@ class SearchIndex:
 
     def _char_index(self) -> dict[str, array]:
         if self._char_terms is None:
-            ct: dict[str, array] = {}
-            for term, tid in self._vocab.items():
-                _note_char_term(ct, term, tid)
-            self._char_terms = ct
+            self._char_terms = _char_index_from(self._vocab)
         return self._char_terms
 
     def __contains__(self, doc: int) -> bool:
@@ -1538,7 +1548,7 @@ class SearchIndex:
         by_term: dict[tuple[str, int], list] = {}
         for term, qtf in weights.items():
             for f, got in self._term_postings(sources, term, fields).items():
-                df = sum(1 if type(g[0]) is int else len(g[0]) for g in got)
+                df = _df_of(got)
                 w = FIELD_WEIGHTS[f] * _idf(df, self._nonempty[f]) * qtf
                 tls = self._lists_of(f, got, w, tables[f])
                 lists.extend(tls)
@@ -1588,10 +1598,10 @@ class SearchIndex:
             base_got = self._term_postings(sources, base, fields)
             for f, got in self._term_postings(sources, t, fields).items():
                 n = self._nonempty[f]
-                idf = _idf(sum(1 if type(g[0]) is int else len(g[0]) for g in got), n)
+                idf = _idf(_df_of(got), n)
                 bg = base_got.get(f)
                 if bg:
-                    idf = min(idf, _idf(sum(1 if type(g[0]) is int else len(g[0]) for g in bg), n))
+                    idf = min(idf, _idf(_df_of(bg), n))
                 w = _PREFIX_WEIGHT * FIELD_WEIGHTS[f] * idf * qtf
                 out.extend(self._lists_of(f, got, w, tables[f]))
         return out

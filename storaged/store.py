@@ -550,6 +550,10 @@ class Store:
         (SearchIndex.release_step)."""
         self._index.release_step(busy=True)
 
+    def index_segments(self) -> tuple[int, int]:
+        """(segment files the search index maps, their bytes): for the start-up log line."""
+        return len(self._index.segment_names()), self._index.mapped_bytes()
+
     def search_flush_due(self) -> bool:
         """The search index's live lists are big enough to be written as a segment (SearchIndex.flush_due)."""
         return self._index.flush_due()
