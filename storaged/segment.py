@@ -232,9 +232,6 @@ class Segment:
     def _term_bytes(self, t: int) -> bytes:
         return bytes(self._tbytes[self._toff[t]:self._toff[t + 1]])
 
-    def term(self, t: int) -> str:
-        return self._term_bytes(t).decode("utf-8", "surrogatepass")
-
     def lookup(self, term: str) -> int:
         """The term's index, or -1."""
         raw = term.encode("utf-8", "surrogatepass")
