@@ -99,7 +99,8 @@ def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], f
     try:
         chunks = []
         for part in body:
-            raw = part.tobytes() if isinstance(part, np.ndarray) else part
+            # a byte view of each table (no copy: a merge's tables are hundreds of MiB in the child)
+            raw = memoryview(np.ascontiguousarray(part)).cast("B") if isinstance(part, np.ndarray) else part
             crc = zlib.crc32(raw, crc)
             pad = b"\0" * (-len(raw) % 8)
             crc = zlib.crc32(pad, crc)
@@ -118,22 +119,22 @@ def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], f
     return pos
 
 
-def _file_crc(path: str, start: int, end: int) -> int:
+def _file_crc(io: FileIO, path: str, start: int, end: int) -> int:
     """CRC-32 of the file's bytes [start, end), read with pread: the check reads the page cache, not
     the mapping, so it leaves nothing resident in the daemon."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = io.open_read(path)
     try:
         crc = 0
         pos = start
         while pos < end:
-            chunk = os.pread(fd, min(1 << 20, end - pos), pos)
+            chunk = io.pread(fd, min(1 << 20, end - pos), pos)
             if not chunk:
                 break
             crc = zlib.crc32(chunk, crc)
             pos += len(chunk)
         return crc
     finally:
-        os.close(fd)
+        io.close(fd)
 
 
 class Segment:
@@ -165,7 +166,11 @@ class Segment:
             raise SegmentInvalid(f"segment {self.name} was written in the other byte order")
         sec = SECTIONS.unpack_from(buf, HEAD.size)
         (crc,) = CRC.unpack_from(buf, HEAD.size + SECTIONS.size)
-        if verify and zlib.crc32(bytes(buf[:HEADER_SIZE - CRC.size]), _file_crc(path, HEADER_SIZE, self.size)) != crc:
+        try:
+            body_crc = _file_crc(io, path, HEADER_SIZE, self.size) if verify else None
+        except OSError as exc:  # an unreadable segment makes the snapshot unusable, not the start impossible
+            raise SegmentInvalid(f"segment {self.name} cannot be read ({exc.strerror or exc})") from None
+        if verify and zlib.crc32(bytes(buf[:HEADER_SIZE - CRC.size]), body_crc) != crc:
             raise SegmentInvalid(f"segment {self.name} fails its checksum")
         mv = memoryview(buf)
         views = []

@@ -281,3 +281,32 @@ def test_an_inline_snapshot_merges_only_small_segments(tmp_path, monkeypatch):
         index.add(seq, c, s, t)
     assert len(index.plan(inline=True).parts) == 1  # the new lists alone, not merged into the big segment
     assert len(index.plan().parts) == 2  # the same state in the child: the ratio rule merges them
+
+
+def test_a_segment_that_cannot_be_read_makes_the_start_replay_not_fail(tmp_path):
+    """An I/O error reading a segment at open is the snapshot's problem (it is ignored and the log
+    replayed), never a start that fails; and nothing on disk is removed meanwhile."""
+    import errno
+
+    from storaged.store import Store
+    from tests.support.faultio import write
+
+    class SegmentsUnreadable(FileIO):
+        def pread(self, fd, n, offset):
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(".seg"):
+                raise OSError(errno.EIO, "Input/output error")
+            return super().pread(fd, n, offset)
+
+    d = str(tmp_path / "d")
+    store = Store.open(d)
+    ids = [write(store, "s", f"wombat number {i}")["message"]["message_id"] for i in range(20)]
+    store.search  # index the queue: the snapshot writes a segment
+    assert store.write_snapshot()
+    store.close()
+    names = sorted(n for n in os.listdir(d) if n.endswith(".seg"))
+    assert names
+    again = Store.open(d, io=SegmentsUnreadable())
+    assert not again.snapshot_valid and sorted(again.by_id) == sorted(ids)
+    assert len(again.search.search("wombat", 50)) == 20
+    assert sorted(n for n in os.listdir(d) if n.endswith(".seg")) == names  # unread snapshot: nothing removed
+    again.close()
