@@ -2044,14 +2044,15 @@ class SearchIndex:
             at = hi
         if at != mem_lo or not 0 <= mem_lo <= len(self._slot_doc):
             raise SegmentInvalid("the segments do not end where the dump's lists begin")
-        for f in range(len(FIELDS)):
-            for p in self._slots[f]:
-                if p is not None and (p if type(p) is int else p[0]) < mem_lo:
-                    raise SegmentInvalid("a listed posting lies in a segment's slots")
+        if mem_lo:  # (a dump without segments, mem_lo 0, is not walked: the start reads it as it is)
+            for f in range(len(FIELDS)):
+                for p in self._slots[f]:
+                    if p is not None and (p if type(p) is int else p[0]) < mem_lo:
+                        raise SegmentInvalid("a listed posting lies in a segment's slots")
         self._mem_lo = mem_lo
         for seg in self._parts:
             self._maxtf_all = [max(a, b) for a, b in zip(self._maxtf_all, seg.maxtf_all)]
-        self._unswept = self._alive.count(0, mem_lo) if mem_lo else self._unswept
+        self._unswept = self._alive.count(0, mem_lo)  # the sweeper's work: the dump's own lists only
 
     @classmethod
     def _load(cls, data: dict[str, Any]) -> "SearchIndex":
