@@ -958,13 +958,8 @@ class SearchIndex:
     """BM25 over content, summary and tags of each doc; see the module docstring for the layout."""
 
     def __init__(self) -> None:
-        self._vocab: dict[str, int] = {}
-        self._terms: list[str | None] = []  # tid → term (None once freed)
-        self._free_tids: list[int] = []
         nf = len(FIELDS)
-        self._slots: list[list] = [[] for _ in range(nf)]  # field → tid → None | int | array('I')
-        self._keys: list[list] = [[] for _ in range(nf)]  # field → tid → None | int | array('H')
-        self._maxtf: list[bytearray] = [bytearray() for _ in range(nf)]  # field → tid → max tf bucket
+        self._new_lists()
         self._maxtf_all = [0] * nf  # field → max tf bucket of any posting (sizes the impact table)
         self._slot_doc = array("Q")
         self._alive = bytearray()
@@ -974,25 +969,38 @@ class SearchIndex:
         self._docmap = _DocMap()
         self._live = 0
         self._dead = 0  # tombstoned slots
-        self._unswept = 0  # deaths not yet covered by a finished sweep pass
-        self._sweep_pos: tuple[int, int] | None = None  # (field, tid) of a running pass
         self._sweep_covers = 0
         self._tables: dict[tuple[float, int], list[float]] = {}
         self._impacts: dict[int, np.ndarray] = {}  # id(table) → its used rows as an array
-        self._char_terms: dict[str, array] | None = None  # built on first one-char CJK query
-        self._prefix: _PrefixVocab | None = None  # started by the first query, built in steps
-        self._prefix_next: _PrefixVocab | None = None  # a rebuild under way (the old one serves)
         # The postings of slots below _mem_lo are in immutable parts, in slot order: Segments (files)
         # and, until a snapshot writes them, frozen _MemParts (see plan()).  The lists above hold
         # the slots from _mem_lo on.
         self._parts: list = []
         self._mem_lo = 0
         self._retired: list[_MemPart] = []  # frozen lists a segment replaced, freed by idle_step()
+
+    def _new_lists(self) -> None:
+        """Empty live lists, and what serves and accounts for them (at creation; after a freeze)."""
+        nf = len(FIELDS)
+        self._vocab: dict[str, int] = {}
+        self._terms: list[str | None] = []  # tid → term (None once freed)
+        self._free_tids: list[int] = []
+        self._slots: list[list] = [[] for _ in range(nf)]  # field → tid → None | int | array('I')
+        self._keys: list[list] = [[] for _ in range(nf)]  # field → tid → None | int | array('H')
+        self._maxtf: list[bytearray] = [bytearray() for _ in range(nf)]  # field → tid → max tf bucket
+        self._char_terms: dict[str, array] | None = None  # built on first one-char CJK query
+        self._prefix: _PrefixVocab | None = None  # started by the first query, built in steps
+        self._prefix_next: _PrefixVocab | None = None  # a rebuild under way (the old one serves)
+        self._unswept = 0  # deaths not yet covered by a finished sweep pass
+        self._sweep_pos: tuple[int, int] | None = None  # (field, tid) of a running pass
         # memory accounting, maintained incrementally
         self._n_postings = 0
         self._n_arrays = 0
         self._n_single = 0
         self._term_bytes = 0
+
+    def _live_postings(self) -> int:
+        return self._n_postings + self._n_single
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -1320,21 +1328,10 @@ class SearchIndex:
         ct = self._char_terms
         part = _MemPart(self._vocab, self._terms, self._slots, self._keys, self._maxtf, pv,
                         _char_index_of(self._vocab) if ct is None else (lambda: ct), self._mem_lo, n,
-                        nbytes=self._lists_bytes(), postings_count=self._n_postings + self._n_single)
+                        nbytes=self._lists_bytes(), postings_count=self._live_postings())
         self._parts.append(part)
         self._mem_lo = n
-        nf = len(FIELDS)
-        self._vocab = {}
-        self._terms = []
-        self._free_tids = []
-        self._slots = [[] for _ in range(nf)]
-        self._keys = [[] for _ in range(nf)]
-        self._maxtf = [bytearray() for _ in range(nf)]
-        self._char_terms = None
-        self._prefix = self._prefix_next = None
-        self._sweep_pos = None
-        self._unswept = 0
-        self._n_postings = self._n_arrays = self._n_single = self._term_bytes = 0
+        self._new_lists()
 
     def write_segment(self, plan: "SegmentPlan", io, directory: str) -> str:
         """Write ``plan``'s parts as one segment file in ``directory`` (fsynced; the caller fsyncs
@@ -1422,7 +1419,7 @@ class SearchIndex:
     def flush_due(self) -> bool:
         """Whether the live lists hold _FLUSH_POSTINGS or more: worth a snapshot of their own, which
         writes them as a segment (a rebuilt index is all live lists until then)."""
-        return self._n_postings + self._n_single >= _FLUSH_POSTINGS
+        return self._live_postings() >= _FLUSH_POSTINGS
 
     def segment_names(self) -> list[str]:
         return [p.name for p in self._parts if isinstance(p, Segment)]
