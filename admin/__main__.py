@@ -169,8 +169,8 @@ class Admin:
 
     # -- import -----------------------------------------------------------------------------------
     async def import_messages(self, messages, progress: Progress) -> tuple[int, int]:
-        """Send in batches bounded by count and encoded bytes (each batch: one durable append, one
-        fsync). ``messages`` yields message objects, or (where, message) pairs: ``where`` (e.g.
+        """Send in batches bounded by count and encoded bytes (the daemon stores each in durable
+        slices, between other clients' requests). ``messages`` yields message objects, or (where, message) pairs: ``where`` (e.g.
         "line 12") then replaces the batch position in a VALIDATION_ERROR."""
         imported = existing = future = 0  # future: messages whose times lie beyond the clock's bound
         batch: list[dict[str, Any]] = []

@@ -297,6 +297,16 @@ class Client:
             if not cursor:
                 return out
 
+    def imports_done(self) -> None:
+        """Return once every import the daemon took before this call is stored to its end. The daemon
+        stores an import in slices between other requests, one import after another in the order they
+        came, even when its client has gone: the reply to this import (of a message already stored, so
+        it stores nothing) comes after theirs. The store must hold a message."""
+        page = self.call("export_messages", {"limit": 1})
+        assert page.get("messages"), page
+        rep = self.call("import_messages", {"messages": page["messages"]})
+        assert rep.get("status") == "OK" and rep["imported"] == 0, rep
+
     def sessions(self) -> list[dict[str, Any]]:
         return self._pages("sessions")
 

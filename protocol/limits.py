@@ -45,7 +45,7 @@ SEARCH_LIMIT_MIN, SEARCH_LIMIT_MAX, SEARCH_LIMIT_DEFAULT = 1, 100, 20
 
 EXPECTED_REVISION_MIN = 1
 
-# import_messages (the admin tool's batch write: one durable append and one fsync per batch)
+# import_messages (the admin tool's and the ingester's batch write; the daemon stores it in slices)
 IMPORT_BATCH_MAX = 1000
 REVISION_MAX = 2**63 - 1
 

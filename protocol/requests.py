@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generator, TypeVar
 
 from . import limits as L
 
@@ -312,6 +312,19 @@ class Checkpoint:
     source: str
     key: str
     value: dict[str, Any] | None
+
+
+_T = TypeVar("_T")
+
+
+def run_steps(steps: Generator[None, None, _T]) -> _T:
+    """The result of work written as steps (a generator that yields between them and returns its
+    result: an import validated and stored in slices) when nothing needs to run between the steps."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,11 @@ ROUTER rather than REP: libzmq's REP (4.3.5) loses the next client's reply after
 multi-frame message without the REQ delimiter and went away (router_t::rollback leaves its
 ``_more_out`` set when the peer's pipe is gone). Handling the REQ envelope here avoids that path.
 
+An ``import_messages`` (up to a thousand messages, ~0.2 s of work) is not handled at once: it is
+validated and stored a slice at a time (``_import_slice``; each stored slice is its own durable
+commit), one slice after each batch of other requests, so nobody waits behind a whole import. Imports
+go one after another in the order they came; a clean stop finishes the one in progress.
+
 All socket calls stay in this thread. Requests taken off the socket together are handled in order
 and share one fdatasync before any of their replies leaves (group commit, ``_serve_batch``). A
 snapshot is written now and then by a forked child that sees a frozen copy of the state, so a
@@ -28,7 +33,8 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from collections import deque
+from typing import Any, Callable, Generator
 
 import zmq
 
@@ -36,6 +42,7 @@ from protocol import errors as E
 from protocol import history as H
 from protocol import limits as L
 from protocol import requests as R
+from protocol import validation as V
 from protocol import wire
 from protocol.errors import ProtocolError, error_reply
 from protocol.history import HistoryError
@@ -83,6 +90,9 @@ IDLE_SLICE_S = 0.02  # background work done at once while no request waits (it s
 # ops, a background snapshot's start or install, idle work): the issue's goal is 50 ms, and a
 # warning says which step to look at when a client waited longer.
 SLOW_STEP_S = 0.25
+# An import is validated and stored a slice at a time between other requests (_import_slice); a slice
+# takes about this long (plus at most one store slice: storaged.store.IMPORT_SLICE_MESSAGES)
+IMPORT_SLICE_S = 0.01
 BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch of requests, so the queue drains under load too
 INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
 # A search first indexes what is queued, for up to SEARCH_CATCH_UP_S when at most
@@ -179,6 +189,8 @@ class Server:
         self.snapshot_child: tuple | None = None
         self.snapshot_every_records = SNAPSHOT_EVERY_RECORDS  # 0 turns background snapshots off
         self.handlers: dict[str, Callable[[Any, str], dict[str, Any]]] = {}  # op -> handler(request, rid)
+        # imports in progress, oldest first: (the requester's envelope, the import's steps)
+        self.imports: deque[tuple[list[bytes], Generator[None, None, dict[str, Any]]]] = deque()
         self.loader: threading.Thread | None = None
         self.load_outcome: tuple[str, Any] | None = None
         self.load_error: BaseException | None = None
@@ -258,8 +270,10 @@ class Server:
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.wake_recv, zmq.POLLIN)
         while not self.stopping:
-            # while the search index has a queue, poll without waiting: idle time goes to indexing
-            events = dict(poller.poll(0 if self.store is not None and self.store.unindexed else POLL_MS))
+            # while an import is in progress or the search index has a queue, poll without waiting: idle
+            # time goes to them
+            busy = self.imports or (self.store is not None and self.store.unindexed)
+            events = dict(poller.poll(0 if busy else POLL_MS))
             if self.wake_recv in events:
                 if self.wake_recv.recv() == b"loaded":
                     self._finish_load()
@@ -285,6 +299,12 @@ class Server:
                         if self.store.unindexed:
                             self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
                     self._note_slow(t0, lambda: f"a batch of {len(batch)} request(s)")
+            if self.imports:
+                # one slice of the oldest import after every batch, so it advances under any load and
+                # nobody waits behind more than one slice of it
+                t0 = time.monotonic()
+                self._import_slice(IMPORT_SLICE_S)
+                self._note_slow(t0, lambda: "a slice of an import")
             elif not events and self.store is not None:
                 t0 = time.monotonic()
                 self._idle_work()
@@ -293,6 +313,8 @@ class Server:
                 t0 = time.monotonic()
                 self._background_snapshot()
                 self._note_slow(t0, lambda: "a background snapshot's start or install")
+        while self.imports:  # a clean stop finishes the imports in progress and answers them
+            self._import_slice(None)
 
     @staticmethod
     def _note_slow(t0: float, what: Callable[[], str]) -> None:
@@ -320,7 +342,10 @@ class Server:
         held_bytes = 0
         try:
             for envelope, body in batch:
-                data = wire.encode(self.handle(body))
+                reply = self.handle(body, envelope)
+                if reply is None:  # an import, stored in slices by the loop; it replies when done
+                    continue
+                data = wire.encode(reply)
                 if not store.unsynced:
                     # nothing of this batch awaits the disk, so this reply can tell of nothing unsynced:
                     # it leaves now (a batch of big reads then never holds all its replies at once)
@@ -460,35 +485,70 @@ class Server:
             LOG.warning("background snapshot child failed (status %d)", status)
         self.store.io.remove(tmp)
 
-    def handle(self, frames: list[bytes]) -> dict[str, Any]:
-        """Any bytes in, one reply out, in the family of the op asked for. Never raises."""
+    def handle(self, frames: list[bytes], envelope: list[bytes] | None = None) -> dict[str, Any] | None:
+        """Any bytes in, one reply out, in the family of the op asked for. Never raises. With the
+        requester's ``envelope``, an ``import_messages`` becomes an import in progress (``imports``)
+        whose reply the loop sends when its last slice is stored: None then."""
         op = None
         try:
             if len(frames) != 1:
                 raise E.invalid("request must be a single frame")
             op, raw_args, rid, context = wire.decode_envelope(frames[0])
+            if op == "import_messages" and envelope is not None and self.store is not None:
+                self.imports.append((envelope, self._import_steps(raw_args, rid)))
+                return None
             args = wire.validate_args(op, raw_args, context)
             if self.store is None:
                 return self._loading_reply(op)
             return self.handlers[op](args, rid)
-        except HistoryError as exc:
+        except Exception as exc:
+            return self._failure(op, exc)
+
+    @staticmethod
+    def _failure(op: str | None, exc: Exception) -> dict[str, Any]:
+        """The reply to a request that raised ``exc``: a contract error, whatever went wrong."""
+        if isinstance(exc, HistoryError):
             return exc.reply()
-        except ProtocolError as exc:
+        if isinstance(exc, ProtocolError):
             reply = exc.reply()
             return H.from_memory_error(reply) if op in H.HISTORY_TOOLS else reply
-        except TextDamaged:  # the store is marked damaged (health DEGRADED); this read fails
+        if isinstance(exc, TextDamaged):  # the store is marked damaged (health DEGRADED); this read fails
             reply = error_reply(E.CORRUPT_STORE, "a message's record in the log is damaged; run "
                                                  "`convmem-storaged --salvage` to repair the log")
-        except OSError as exc:  # message text is read from the log: a failing disk fails the read, not the daemon
+        elif isinstance(exc, OSError):  # text is read from the log: a failing disk fails the read, not the daemon
             LOG.error("I/O error while handling a request: %s", exc)
             reply = error_reply(E.IO_ERROR, f"the store could not read the log ({exc.strerror or exc})")
-        except MemoryError:
+        elif isinstance(exc, MemoryError):
             LOG.error("out of memory while handling a request")
             reply = error_reply(E.INTERNAL_ERROR, "the daemon ran out of memory for this request")
-        except Exception:
-            LOG.error("internal error while handling a request:\n%s", traceback.format_exc())
+        else:
+            LOG.error("internal error while handling a request:\n%s",
+                      "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
             reply = error_reply(E.INTERNAL_ERROR, "internal error in the storage daemon (see its log)")
         return H.from_memory_error(reply) if op in H.HISTORY_TOOLS else reply
+
+    # ---------------------------------------------------------------- imports in slices
+    def _import_steps(self, raw_args: Any, rid: str | None) -> Generator[None, None, dict[str, Any]]:
+        """An import: validated a message at a time, then stored a slice at a time (``Store.import_steps``)."""
+        req = yield from V.import_messages_steps(raw_args)
+        return (yield from self.store.import_steps(req, rid))
+
+    def _import_slice(self, budget_s: float | None) -> None:
+        """Advance the oldest import in progress for about ``budget_s`` (None: to its end); reply to it
+        once it is done. Imports go one after another, in the order they came."""
+        envelope, steps = self.imports[0]
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        try:
+            while True:
+                next(steps)
+                if deadline is not None and time.monotonic() > deadline:
+                    return
+        except StopIteration as done:
+            reply = done.value
+        except Exception as exc:
+            reply = self._failure("import_messages", exc)
+        self.imports.popleft()
+        self._reply(envelope, reply)
 
     def _loading_reply(self, op: str) -> dict[str, Any]:
         if op == "ping":
@@ -528,6 +588,9 @@ class Server:
             raise ProtocolError(E.BUSY, "another rebuild_index is running; retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         self.store._check_writable()
+        if self.imports:  # a rebuild refuses mutations; an import in progress is finished first
+            raise ProtocolError(E.BUSY, "an import is in progress; retry shortly",
+                                retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         if self.snapshot_child is not None:
             self._reap_snapshot_child(block=True, kill=True)  # the rebuild writes a fresh one anyway
         self.store.rebuilding = True

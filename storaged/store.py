@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections import OrderedDict, deque
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import numpy as np
 
@@ -58,6 +58,11 @@ CURSOR_KEY_BYTES = 32  # the HMAC key of cursors and typed ids (storaged/cursor.
 # a request id is when the daemon saw it (the time of the record it names), never the time a client
 # wrote into the ULID: a client could send any, and one dated 9999 would then be kept for ever.
 RID_WINDOW = 16384
+# An import is stored in slices of at most this many messages or this much text (import_steps): one
+# slice is ~5-10 ms of the request loop and one fdatasync, so no other client waits behind a whole
+# batch of a thousand (0.1-1 s at once).
+IMPORT_SLICE_MESSAGES = 64
+IMPORT_SLICE_BYTES = 1 << 20
 
 
 # an event type's code in Store.etype_codes (0: no live message at that seq)
@@ -713,45 +718,76 @@ class Store:
 
     def import_messages(self, req: R.ImportMessages, rid: str | None = None) -> dict[str, Any]:
         """Store exported (or transcript) messages as they are: ids, times, revisions, metadata, event
-        facts — with the metadata of their sessions and the ingester's checkpoints, if given.
+        facts — with the metadata of their sessions and the ingester's checkpoints, if given. The whole
+        batch at once; the daemon runs ``import_steps`` between other requests instead."""
+        return R.run_steps(self.import_steps(req, rid))
+
+    def import_steps(self, req: R.ImportMessages, rid: str | None = None) -> Generator[None, None, dict[str, Any]]:
+        """``import_messages`` as a series of commits of at most IMPORT_SLICE_MESSAGES messages (or
+        IMPORT_SLICE_BYTES of text), each durable (its own append and fsync) and applied before the
+        generator yields, so the request loop serves others between them and a slice never shows them
+        anything that is not on disk. Each slice looks its messages up when it is built, so a write or
+        an import served in between is seen: nothing is stored twice.
 
         Idempotent by message id: a message whose id is already live is left alone, so importing a
-        file twice stores nothing twice. The batch is one durable append (one fsync): session
-        records first, then messages, then checkpoints, so a torn batch leaves a prefix whose
-        checkpoints (if any survived) never claim events that did not."""
+        file twice stores nothing twice. Session records go in the first slice and the checkpoints in
+        the last, so a crash in between leaves a prefix whose checkpoints (if any survived) never claim
+        events that did not — as a torn single append always did; the ingester sends the batch again
+        and only what is missing is stored."""
         self._check_writable()
         if self.index_queue_max is not None and len(self.unindexed) >= self.index_queue_max:
             raise ProtocolError(E.BUSY, f"the search index is {len(self.unindexed)} messages behind; retry the "
                                         f"import shortly", retry_after_ms=L.BUSY_RETRY_AFTER_MS)
-        fresh: list[tuple[Message, R.ImportedMessage]] = []
         seen: set[str] = set()
-        existing = 0
-        future = 0
-        seq = self.last_seq
+        imported = existing = future = 0
         clock = self.clock
-        for m in req.messages:
-            if m.message_id in self.by_id or m.message_id in seen:
-                existing += 1
-                continue
-            seen.add(m.message_id)
-            seq += 1
-            msg = message_from_args(m.message_id, m.session_id, seq, m.timestamp, m.role, m.content, m.metadata,
-                                    m.event)
-            msg.revision, msg.updated_at = m.revision, m.updated_at
-            if clock.beyond_id(msg.message_id) or clock.beyond_ms(msg.timestamp) or clock.beyond_ms(msg.updated_at):
-                future += 1  # stored as it is; the clock does not observe it (see idgen)
-            fresh.append((msg, m))
-        metas = [(s.session_id, s.fields) for s in req.sessions
+        todo = req.messages
+        i = 0
+        batch = [records.session(s.session_id, s.fields) for s in req.sessions
                  if s.fields and any(self.session_meta.get(s.session_id, {}).get(k) != v for k, v in s.fields.items())]
-        batch = [records.session(sid, fields) for sid, fields in metas]
-        batch += [records.write(None, msg.fields(m.content)) for msg, m in fresh]
-        batch += [records.ingest(c.source, c.key, c.value) for c in req.checkpoints]
-        if batch:
-            self._commit(batch, [None] * len(metas) + [msg for msg, _ in fresh] + [None] * len(req.checkpoints))
+        built: list[Message | None] = [None] * len(batch)
+        while True:
+            if i:
+                try:
+                    self._check_writable()
+                except ProtocolError as exc:
+                    raise ProtocolError(exc.code, f"{exc.message} (the import stopped after storing {imported} "
+                                                  f"of its messages; send it again to store the rest: those "
+                                                  f"stored are skipped)", exc.retry_after_ms) from None
+            seq = self.last_seq
+            text_bytes = 0
+            for m in todo[i:i + IMPORT_SLICE_MESSAGES]:
+                i += 1
+                if m.message_id in self.by_id or m.message_id in seen:
+                    existing += 1
+                    continue
+                seen.add(m.message_id)
+                seq += 1
+                msg = message_from_args(m.message_id, m.session_id, seq, m.timestamp, m.role, m.content,
+                                        m.metadata, m.event)
+                msg.revision, msg.updated_at = m.revision, m.updated_at
+                if clock.beyond_id(msg.message_id) or clock.beyond_ms(msg.timestamp) or clock.beyond_ms(msg.updated_at):
+                    future += 1  # stored as it is; the clock does not observe it (see idgen)
+                batch.append(records.write(None, msg.fields(m.content)))
+                built.append(msg)
+                text_bytes += len(m.content)
+                if text_bytes >= IMPORT_SLICE_BYTES:
+                    break
+            last = i >= len(todo)
+            if last:
+                batch += [records.ingest(c.source, c.key, c.value) for c in req.checkpoints]
+                built += [None] * len(req.checkpoints)
+            if batch:
+                self._commit(batch, built)
+                imported += sum(1 for msg in built if msg is not None)
+            if last:
+                break
+            batch, built = [], []
+            yield
         if future:
             LOG.warning("import: %d messages carry an id or time more than %d h beyond the wall clock; stored as "
                         "they are, the clock of new writes ignores them", future, L.CLOCK_SKEW_MAX_MS // 3_600_000)
-        reply = {"status": "OK", "imported": len(fresh), "existing": existing}
+        reply = {"status": "OK", "imported": imported, "existing": existing}
         if future:
             reply["future_times"] = future  # only when there are some: the usual reply stays as it was
         return reply

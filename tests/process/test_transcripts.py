@@ -1009,6 +1009,7 @@ def _kill_ingest_mid_backfill(env: Env, sessions: int, events: int, kill_daemon:
         assert st["current"]["progress"]["files_total"] == sessions
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
+    env.c.imports_done()  # the daemon finishes the batch it was storing for the killed ingester
     at_kill = stored()
     assert 0 < at_kill < total, f"the ingester was not killed mid-backfill ({at_kill} of {total} stored)"
     # restarted to completion
