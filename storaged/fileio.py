@@ -13,11 +13,19 @@ reused with its old owner and mode. Files are created 0600.
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
+import time
 from dataclasses import dataclass
 
 from . import layout
+
+
+LOG = logging.getLogger("convmem.storaged")
+# an fdatasync slower than this is logged: every client of the request loop waited for it (a disk busy
+# with another process's writes is the usual cause; the log line tells it apart from our own work)
+SLOW_SYNC_S = 0.1
 
 
 @dataclass
@@ -91,8 +99,12 @@ class FileIO:
             view = view[n:]
 
     def sync(self, fd: int) -> None:
+        t0 = time.monotonic()
         os.fdatasync(fd)
         self.counters.flush_calls += 1
+        took = time.monotonic() - t0
+        if took > SLOW_SYNC_S:
+            LOG.warning("an fdatasync took %.0f ms (the disk is busy)", took * 1000)
 
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)

@@ -275,10 +275,13 @@ class Server:
             busy = self.imports or (self.store is not None and self.store.unindexed)
             events = dict(poller.poll(0 if busy else POLL_MS))
             if self.wake_recv in events:
+                t0 = time.monotonic()
                 if self.wake_recv.recv() == b"loaded":
                     self._finish_load()
+                    self._note_slow(t0, lambda: "installing the loaded store")
                 else:
                     self._finish_rebuild()
+                    self._note_slow(t0, lambda: "installing the rebuilt log, snapshot and index")
             if self.sock in events:
                 batch = []
                 size = 0

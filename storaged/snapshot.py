@@ -9,10 +9,11 @@ worker never holds the GIL for long) to a temporary file, fsync'ed, renamed into
 """
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import zlib
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import msgpack
 
@@ -34,6 +35,7 @@ OUTDATED_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
 CHUNK = 4096
+WRITE_AT = 1 << 20  # bytes gathered before a write (each write lets the GIL go)
 
 
 class SnapshotInvalid(Exception):
@@ -71,15 +73,15 @@ def write_file(io: FileIO, tmp: str, meta: dict[str, Any], messages: Iterable[li
     length = 0
     try:
         io.write(fd, HEAD.pack(MAGIC, VERSION, 0))
-        pending: list[bytes] = []
+        pending: list[bytes | memoryview] = []
         pending_len = 0
-        for part in [packer.pack(meta), *chunks, packer.pack(search_dump)]:
+        for part in itertools.chain((packer.pack(meta), *chunks), pack_pieces(packer, search_dump)):
             crc = zlib.crc32(part, crc)
             length += len(part)
             pending.append(part)
             pending_len += len(part)
-            if pending_len >= (1 << 20):
-                io.write(fd, b"".join(pending))
+            if pending_len >= WRITE_AT:
+                io.write(fd, pending[0] if len(pending) == 1 else b"".join(pending))
                 pending, pending_len = [], 0
         pending.append(TRAILER.pack(length, crc, END_MAGIC))
         io.write(fd, b"".join(pending))
@@ -87,6 +89,30 @@ def write_file(io: FileIO, tmp: str, meta: dict[str, Any], messages: Iterable[li
     finally:
         io.close(fd)
     return HEAD.size + length + TRAILER.size
+
+
+def pack_pieces(packer: msgpack.Packer, obj: Any) -> Iterator[bytes | memoryview]:
+    """``packer.pack(obj)``'s bytes in pieces of at most about WRITE_AT, the big binary values not
+    copied: a search index's dump holds hundreds of MiB of them, and packing it whole was one C call
+    that held the GIL for seconds while a rebuild's worker wrote its snapshot beside the request loop
+    (and needed a copy of it all in memory)."""
+    if isinstance(obj, dict):
+        yield packer.pack_map_header(len(obj))
+        for key, value in obj.items():
+            yield packer.pack(key)
+            yield from pack_pieces(packer, value)
+    elif isinstance(obj, (list, tuple)):
+        yield packer.pack_array_header(len(obj))
+        for item in obj:
+            yield from pack_pieces(packer, item)
+    elif isinstance(obj, (bytes, bytearray, memoryview)) and len(obj) > WRITE_AT:
+        view = memoryview(obj).cast("B")
+        n = len(view)
+        yield b"\xc6" + n.to_bytes(4, "big")  # msgpack's bin 32 header (n > WRITE_AT > 0xFFFF)
+        for at in range(0, n, WRITE_AT):
+            yield view[at:at + WRITE_AT]
+    else:
+        yield packer.pack(obj)
 
 
 def read(io: FileIO, path: str) -> tuple[dict[str, Any], list[list[Any]], Any]:

@@ -609,3 +609,17 @@ def test_frame_checksum_covers_length_and_salt():
     zero = logfile.make_header(salt) + bytes(64)
     res = logfile.ScanResult()
     assert list(logfile.scan(zero, salt, logfile.HEADER_SIZE, res)) == [] and res.torn_tail
+
+
+def test_a_snapshot_is_packed_in_pieces_with_the_bytes_of_one_pack():
+    """The search dump is written piece by piece (snapshot.pack_pieces: no single C call over hundreds
+    of MiB while a rebuild's worker holds the GIL), and the file holds exactly what one pack would."""
+    from storaged.snapshot import WRITE_AT, pack_pieces
+
+    packer = msgpack.Packer(use_bin_type=True)
+    big = bytes(range(256)) * (WRITE_AT // 256 * 3 + 1)
+    for obj in ({"fields": [{"slots": big, "n": 3}, {"slots": b"small"}], "terms": "a\nb", "x": None},
+                [memoryview(big), bytearray(big[:WRITE_AT + 1]), (1, 2.5, "s")], big):
+        pieces = list(pack_pieces(packer, obj))
+        assert b"".join(pieces) == packer.pack(obj)
+        assert max(map(len, pieces)) <= WRITE_AT
