@@ -42,6 +42,7 @@ class Prepared:
     bytes_before: int
     seconds: float
     rids: list[list[Any]]               # the request-id window written to the new log
+    msgs: list[Any]                     # the messages written, in that order (Store.relocate_step moves them)
 
 
 def prepare(store: Store, pause=lambda: None) -> Prepared:
@@ -124,7 +125,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
                     index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0,
-                    rids)
+                    rids, msgs)
 
 
 def install(store: Store, p: Prepared) -> dict[str, Any]:
@@ -153,11 +154,10 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
         store.writer.close()
         store.writer = None
     store.salt = p.salt
-    store.log_text.switch(text_fd, p.salt)
-    for m, size, loc in zip(store.by_seq.values(), p.rec_sizes, p.text_locs):
-        m.rec_size = size
-        m.stored_at(store.log_text, loc)
-    store.live_bytes = p.live_bytes
+    # The messages move to their new locations in steps between requests (Store.relocate_step: ~0.5 s
+    # of the loop at 275k messages done at once); until each has moved it reads the old file, which
+    # stays open, unlinked, and holds the same texts. live_bytes follows each move.
+    store.start_relocation(text_fd, p.msgs, p.rec_sizes, p.text_locs)
     store.checkpoint_bytes = p.checkpoint_bytes
     store.session_meta = {sid: store.session_meta[sid] for sid in p.meta_sizes}
     store.meta_rec_sizes = dict(p.meta_sizes)

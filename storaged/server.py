@@ -93,7 +93,10 @@ SLOW_STEP_S = 0.25
 # An import is validated and stored a slice at a time between other requests (_import_slice); a slice
 # takes about this long (plus at most one store slice: storaged.store.IMPORT_SLICE_MESSAGES)
 IMPORT_SLICE_S = 0.01
-BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch of requests, so the queue drains under load too
+BUSY_INDEX_SLICE_S = 0.005
+# messages moved to a compacted log per idle step / after each batch (Store.relocate_step; ~1.5 µs each)
+RELOCATE_STEP = 8192
+RELOCATE_STEP_BUSY = 1024  # indexing done after each batch of requests, so the queue drains under load too
 INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
 # A search first indexes what is queued, for up to SEARCH_CATCH_UP_S when at most
 # SEARCH_CATCH_UP_SMALL messages are queued (a host's own recent writes: it reads them back, not a
@@ -270,9 +273,9 @@ class Server:
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.wake_recv, zmq.POLLIN)
         while not self.stopping:
-            # while an import is in progress or the search index has a queue, poll without waiting: idle
-            # time goes to them
-            busy = self.imports or (self.store is not None and self.store.unindexed)
+            # while an import is in progress, messages move to a compacted log or the search index has a
+            # queue, poll without waiting: idle time goes to them
+            busy = self.imports or (self.store is not None and (self.store.unindexed or self.store.relocation))
             events = dict(poller.poll(0 if busy else POLL_MS))
             if self.wake_recv in events:
                 t0 = time.monotonic()
@@ -299,6 +302,7 @@ class Server:
                     self._serve_batch(batch)
                     if self.store is not None:
                         self.store.release_index_step()
+                        self.store.relocate_step(RELOCATE_STEP_BUSY)
                         if self.store.unindexed:
                             self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
                     self._note_slow(t0, lambda: f"a batch of {len(batch)} request(s)")
@@ -366,9 +370,11 @@ class Server:
         self._send_all(held)
 
     def _idle_work(self) -> None:
-        """Background steps of the search index while no request waits (at most IDLE_SLICE_S, and
-        never past the arrival of a request)."""
+        """Background steps while no request waits: moving messages to a compacted log, then the search
+        index's (at most IDLE_SLICE_S, and never past the arrival of a request)."""
         deadline = time.monotonic() + IDLE_SLICE_S
+        if self.store.relocate_step(RELOCATE_STEP):
+            return
         if self.store.unindexed:
             self.store.index_step(deadline, self._request_waiting)
             return
@@ -591,6 +597,8 @@ class Server:
             raise ProtocolError(E.BUSY, "another rebuild_index is running; retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         self.store._check_writable()
+        # the worker reads message texts beside the loop: no message may move between logs meanwhile
+        self.store.relocate_step(None)
         if self.imports:  # a rebuild refuses mutations; an import in progress is finished first
             raise ProtocolError(E.BUSY, "an import is in progress; retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
