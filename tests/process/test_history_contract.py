@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unicodedata
 from pathlib import Path
 from typing import Any, Iterator
