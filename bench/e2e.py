@@ -3,7 +3,9 @@
     python -m bench.e2e [--writes 500] [--messages 20000] [--json out.json]
 
 Write: the SDK's real MCP client over stdio -> convmem-mcp -> daemon -> fsync, per call, beside a
-SQLite WAL synchronous=FULL insert+commit of the same content. Reads (daemon protocol, beside the
+SQLite WAL synchronous=FULL insert+commit of the same content, and beside the floor no server can go
+under: the same client against a bare SDK low-level server that answers a canned reply at once (no
+daemon, no disk; convmem's output schema and stdio streams). Reads (daemon protocol, beside the
 equivalent SQLite queries on the same data): a history page of 100, a 4 KiB content chunk, the
 context view (1 before, 1 after, relations depth 1).
 """
@@ -31,13 +33,54 @@ from protocol.wire import decode, encode_request
 from .common import REPO, SqliteBaseline, write_json, corpus, print_table, ratio, start_daemon, stop, summary_ms
 
 
-async def mcp_writes(data_dir: str, texts: list[str]) -> list[float]:
-    """Durable write_message calls through the stdio front-end as the SDK's client sees them (seconds
-    each); a daemon must already serve ``data_dir`` (the front-end does not spawn one)."""
+def frontend_cmd(data_dir: str) -> list[str]:
+    return [sys.executable, "-m", "mcpfront", "--data-dir", data_dir, "--no-spawn"]
+
+
+# The SDK's own floor: a bare low-level server with one write_message tool that answers a canned reply at
+# once (no daemon, no disk), with convmem's output schema (the SDK's client validates every result against
+# it) and convmem's stdio streams. What a client sees of it no server can make faster.
+BARE_SERVER_CMD = [sys.executable, "-c", "from bench.e2e import bare_server; bare_server()"]
+
+
+def bare_server() -> None:
+    import anyio
+    import mcp_types as types
+    from mcp.server import Server
+    from mcp.server.stdio import stdio_server
+
+    from mcpfront.stdio import native_stdio
+    from mcpfront.tools import OUTPUT_SCHEMAS
+
+    reply = {"status": "OK", "message": {
+        "message_id": str(ULID()), "session_id": "bare", "timestamp": 0, "role": "user", "content": "x" * 200,
+        "revision": 1, "updated_at": 0, "metadata": {"tags": [], "memory_tier": "short", "memory_kind": "conversation",
+                                                     "importance": 50, "relations": [], "source_message_ids": []}}}
+    tools = [types.Tool(name=name, input_schema={"type": "object"}, output_schema=OUTPUT_SCHEMAS["write_message"])
+             for name in ("write_message", "get_system_health")]
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(ctx: Any, params: Any) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(reply))],
+                                    structured_content=reply, is_error=False)
+
+    server = Server("bare", on_list_tools=list_tools, on_call_tool=call_tool)
+
+    async def main() -> None:
+        async with native_stdio() as native:
+            async with stdio_server(*(native or (None, None))) as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(main)
+
+
+async def sdk_writes(cmd: list[str], texts: list[str]) -> list[float]:
+    """write_message calls through the stdio server ``cmd`` as the SDK's client sees them (seconds each)."""
     from mcp import Client, StdioServerParameters
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "mcpfront", "--data-dir", data_dir,
-                                                                "--no-spawn"], cwd=REPO)
+    params = StdioServerParameters(command=cmd[0], args=cmd[1:], cwd=REPO)
     lat = []
     async with Client(params, mode="legacy") as client:
         await client.call_tool("get_system_health", {})  # warm the path
@@ -49,11 +92,16 @@ async def mcp_writes(data_dir: str, texts: list[str]) -> list[float]:
     return lat
 
 
-def _raw_stdio_writes(data_dir: str, texts: list[str]) -> list[float]:
-    """The same calls as newline-delimited JSON-RPC over the front-end's stdin/stdout, with no client
-    library: what the front-end and daemon cost, without a Python client's own validation."""
-    fe = subprocess.Popen([sys.executable, "-m", "mcpfront", "--data-dir", data_dir, "--no-spawn"], cwd=REPO,
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+async def mcp_writes(data_dir: str, texts: list[str]) -> list[float]:
+    """Durable write_message calls through the stdio front-end as the SDK's client sees them (seconds
+    each); a daemon must already serve ``data_dir`` (the front-end does not spawn one)."""
+    return await sdk_writes(frontend_cmd(data_dir), texts)
+
+
+def raw_stdio_writes(cmd: list[str], texts: list[str]) -> list[float]:
+    """The same calls as newline-delimited JSON-RPC over the server's stdin/stdout, with no client
+    library: what the server (and the daemon behind it) cost, without a Python client's own work."""
+    fe = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def rpc(obj: dict[str, Any]) -> Any:
         fe.stdin.write((json.dumps(obj) + "\n").encode())
@@ -87,9 +135,11 @@ def mcp_write_latency(tmp: str, n: int) -> dict[str, Any]:
     texts = [c for _, c in corpus(n, seed=21)]
     try:
         ours = asyncio.run(mcp_writes(data_dir, texts))
-        raw = _raw_stdio_writes(data_dir, texts)
+        raw = raw_stdio_writes(frontend_cmd(data_dir), texts)
     finally:
         stop(proc)
+    floor = asyncio.run(sdk_writes(BARE_SERVER_CMD, texts))
+    floor_raw = raw_stdio_writes(BARE_SERVER_CMD, texts)
     base = SqliteBaseline(os.path.join(tmp, "e2e.sqlite"), fts=True)
     theirs = []
     for t in texts:
@@ -99,7 +149,8 @@ def mcp_write_latency(tmp: str, n: int) -> dict[str, Any]:
     base.close()
     o, s, r = summary_ms(ours), summary_ms(theirs), summary_ms(raw)
     return {"ours": o, "ours_raw_jsonrpc": r, "sqlite": s, "ratio_p50": ratio(o["p50_ms"], s["p50_ms"]),
-            "raw_ratio_p50": ratio(r["p50_ms"], s["p50_ms"])}
+            "raw_ratio_p50": ratio(r["p50_ms"], s["p50_ms"]),
+            "bare_server_sdk": summary_ms(floor), "bare_server_raw_jsonrpc": summary_ms(floor_raw)}
 
 
 def _load(data_dir: str, db_path: str, n: int) -> list[tuple[str, str]]:
@@ -183,7 +234,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ["convmem via MCP stdio, SDK client", w["ours"]["p50_ms"], w["ours"]["p95_ms"], w["ratio_p50"]],
         ["convmem via MCP stdio, raw JSON-RPC", w["ours_raw_jsonrpc"]["p50_ms"], w["ours_raw_jsonrpc"]["p95_ms"],
          w["raw_ratio_p50"]],
-        ["SQLite WAL FULL (in-process)", w["sqlite"]["p50_ms"], w["sqlite"]["p95_ms"], 1.0]],
+        ["SQLite WAL FULL (in-process)", w["sqlite"]["p50_ms"], w["sqlite"]["p95_ms"], 1.0],
+        ["floor: SDK client -> bare SDK server, no daemon", w["bare_server_sdk"]["p50_ms"],
+         w["bare_server_sdk"]["p95_ms"], ratio(w["bare_server_sdk"]["p50_ms"], w["sqlite"]["p50_ms"])],
+        ["floor: raw JSON-RPC -> bare SDK server", w["bare_server_raw_jsonrpc"]["p50_ms"],
+         w["bare_server_raw_jsonrpc"]["p95_ms"], ratio(w["bare_server_raw_jsonrpc"]["p50_ms"], w["sqlite"]["p50_ms"])]],
         ["", "p50 ms", "p95 ms", "ratio"])
     print_table(f"Read latency at {a.messages} messages (daemon protocol vs SQLite in-process)", [
         [k, v["ours"]["p50_ms"], v["ours"]["p95_ms"], v["sqlite_in_process"]["p50_ms"],

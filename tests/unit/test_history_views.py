@@ -251,6 +251,35 @@ def test_search_japanese(store, book, views):
     assert hits and "データベース" in hits[0]["snippet"]["text"]
 
 
+def test_snippet_work_is_bounded_by_a_count_not_the_query_length():
+    """A 4096-character Japanese query over a 300k-character Japanese text: the snippet step locates at
+    most ``snippet.UNITS_MAX`` query units, each with one scan to find it and one per match kept (at most
+    ``MATCHES_PER_TERM``) — not one scan of the text per CJK bigram (4095 scans held the daemon for
+    seconds). Counted on the text's ``find`` calls, so the bound holds whatever the machine's speed."""
+    import random
+
+    from storaged import snippet as SN
+
+    class Counting(str):
+        scans = 0
+
+        def find(self, *a):  # every scan of the text goes through here
+            Counting.scans += 1
+            return super().find(*a)
+
+    rng = random.Random(1)
+    kanji = [chr(x) for x in range(0x4E00, 0x4E00 + 300)]
+    text = "".join(rng.choice(kanji) for _ in range(300_000))
+    query = "".join(rng.choice(kanji) for _ in range(4096))
+    units = SN._patterns(query)
+    assert len(units) == SN.UNITS_MAX   # the query has thousands of bigrams; only the first are located
+    found = SN._matches(Counting(SN.normalize(text)), query)
+    assert found and {u for _, _, u in found} <= set(range(SN.UNITS_MAX))
+    assert Counting.scans <= SN.UNITS_MAX * (SN.MATCHES_PER_TERM + 1)
+    out, cut = SN.snippet(text, query, H.SNIPPET_CHARS)
+    assert cut and len(out) <= H.SNIPPET_CHARS + 2 and any(piece in out for piece, _ in units)
+
+
 @pytest.mark.parametrize("raw,code,field", [
     ({"query": "   "}, H.INVALID_REQUEST, "query"),
     ({}, H.INVALID_REQUEST, "query"),
