@@ -484,7 +484,7 @@ class Server:
         tmp = self.store.snapshot_path + layout.BACKGROUND_SUFFIX
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and not kill and not self.store.rebuilding:
             try:
-                self.store.install_snapshot(tmp, pos, plan, names)
+                self.store.install_snapshot(tmp, pos, plan, names, background=True)
                 LOG.info("background snapshot installed in %.2f s (log position %d)",
                          time.monotonic() - started, pos)
                 return
