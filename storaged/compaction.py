@@ -128,8 +128,9 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
                     rids, msgs)
 
 
-def install(store: Store, p: Prepared) -> dict[str, Any]:
-    """Swap the prepared files and structures in. Returns the contract's result.
+def install(store: Store, p: Prepared, background: bool = False) -> dict[str, Any]:
+    """Swap the prepared files and structures in. Returns the contract's result. ``background``: the
+    request loop installs it, so the old segment files are removed by a thread.
 
     Once the new log has been renamed into place the store follows it whatever fails afterwards:
     appending to the old, unlinked file would lose every later write. A failure after that point
@@ -168,7 +169,7 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
     store.rids = OrderedDict((rid, (op, mid, rev, seen)) for rid, op, mid, rev, seen in p.rids)
     store.update_records = 0
     store.deleted_messages = 0
-    store.replace_index(p.search)
+    p.search.retire(store.replace_index(p.search))  # the old one is freed in steps
     store.snapshot_pos = -1
     failure: OSError | None = None
     try:
@@ -193,7 +194,7 @@ def install(store: Store, p: Prepared) -> dict[str, Any]:
         raise failure
     store.snapshot_pos = p.log_size if snapshot_installed else -1
     store.snapshot_segments = p.search.segment_names() if snapshot_installed else []
-    store.collect_segments()
+    store.collect_segments(wait=not background)
     store.snapshot_records = store.record_count
     store.snapshot_unindexed = 0
     store.snapshot_valid = True

@@ -1416,6 +1416,17 @@ class SearchIndex:
         if self._retired and not self._retired[-1].release_step(_RELEASE_STEP_BUSY if busy else _RELEASE_STEP):
             self._retired.pop()
 
+    def retire(self, old: "SearchIndex") -> None:
+        """Free ``old`` (the index this one replaces: a rebuild's install) in steps with the frozen
+        lists (release_step), not at once: its live lists at 200k messages are millions of objects,
+        ~0.2 s of the request loop to free together."""
+        self._retired.extend(p for p in old._parts if isinstance(p, _MemPart))
+        self._retired.extend(old._retired)
+        self._retired.append(_MemPart(old._vocab, old._terms, old._slots, old._keys, old._maxtf, old._prefix,
+                                      dict, 0, 0))
+        old._parts, old._retired = [], []
+        old._new_lists()
+
     def flush_due(self) -> bool:
         """Whether the live lists hold _FLUSH_POSTINGS or more: worth a snapshot of their own, which
         writes them as a segment (a rebuilt index is all live lists until then)."""

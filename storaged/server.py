@@ -684,7 +684,7 @@ class Server:
         rid = self.rebuild_id
         if kind == "ok":
             try:
-                reply = compaction.install(self.store, value)
+                reply = compaction.install(self.store, value, background=True)
             except OSError as exc:
                 compaction.discard(self.store)
                 self.store.last_error = f"rebuild could not install its files ({exc.strerror or exc})"

@@ -585,10 +585,11 @@ class Store:
         """The search index's live lists are big enough to be written as a segment (SearchIndex.flush_due)."""
         return self._index.flush_due()
 
-    def replace_index(self, index: SearchIndex) -> None:
-        """A rebuild's index, which holds every live message: nothing stays queued."""
-        self._index = index
+    def replace_index(self, index: SearchIndex) -> SearchIndex:
+        """A rebuild's index, which holds every live message: nothing stays queued. Returns the old one."""
+        old, self._index = self._index, index
         self.unindexed.clear()
+        return old
 
     def index_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> bool:
         """Index queued messages, oldest first, until the queue is empty or the monotonic clock passes

@@ -13,7 +13,7 @@ from storaged import log as logfile
 from storaged import snapshot
 from storaged.store import Store
 from storaged.text import TEXT_LEN_BITS, locate, span
-from tests.support.faultio import delete, live_state, read, update, write
+from tests.support.faultio import delete, live_state, read, search, update, write
 
 # lengths on each side of msgpack's str header sizes (1, 2, 3 and 5 bytes)
 LENGTHS = [0, 1, 31, 32, 255, 256, 65535, 65536, 300_000]
@@ -252,3 +252,23 @@ def test_after_a_rebuild_messages_move_to_the_new_log_in_steps(tmp_path):
         assert live_state(again) == live
         assert (again.live_bytes, again.dead_bytes()) == (live_bytes, dead)
         again.close()
+
+
+def test_a_rebuild_frees_the_index_it_replaces_in_steps(tmp_path):
+    """The old index's lists go to the new one's release queue (SearchIndex.retire), not freed at once
+    on the request loop; searches are right meanwhile and the queue empties step by step."""
+    store = Store.open(str(tmp_path / "data"))
+    for i in range(300):
+        write(store, "s", f"retired index word{i} common")
+    old = store.search  # indexes the queue: the old index's live lists hold every message
+    old_terms = len(old._vocab)
+    compaction.install(store, compaction.prepare(store))
+    new = store.search
+    assert new is not old and old._vocab == {} and new._retired
+    assert sum(len(p.vocab) for p in new._retired) >= old_terms
+    assert search(store, query="word7", limit=5)["results"][0]["content"] == "retired index word7 common"
+    while new._retired:
+        new.release_step()
+    assert search(store, query="word299", limit=5)["results"][0]["content"] == "retired index word299 common"
+    assert new.doc_count() == 300
+    store.close()
