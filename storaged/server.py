@@ -93,10 +93,13 @@ SLOW_STEP_S = 0.25
 # An import is validated and stored a slice at a time between other requests (_import_slice); a slice
 # takes about this long (plus at most one store slice: storaged.store.IMPORT_SLICE_MESSAGES)
 IMPORT_SLICE_S = 0.01
-BUSY_INDEX_SLICE_S = 0.005
-# messages moved to a compacted log per idle step / after each batch (Store.relocate_step; ~1.5 µs each)
+# imports taken at once (queued in order); more are answered BUSY: each holds its decoded batch
+IMPORTS_MAX = 8
+BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch and import slice, so the queue drains under load too
+# messages moved to a compacted log per idle step / after each batch or import slice (Store.relocate_step;
+# ~1.5 µs each)
 RELOCATE_STEP = 8192
-RELOCATE_STEP_BUSY = 1024  # indexing done after each batch of requests, so the queue drains under load too
+RELOCATE_STEP_BUSY = 1024
 INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
 # A search first indexes what is queued, for up to SEARCH_CATCH_UP_S when at most
 # SEARCH_CATCH_UP_SMALL messages are queued (a host's own recent writes: it reads them back, not a
@@ -196,6 +199,7 @@ class Server:
         self.imports: deque[tuple[list[bytes], Generator[None, None, dict[str, Any]]]] = deque()
         self.loader: threading.Thread | None = None
         self._gc_started = 0.0
+        self.rebuild_waiting = False  # a rebuild_index asked for while imports were in progress (rebuild_id)
         self._freeze_due = False  # a full collection ran: freeze its survivors (_on_collection)
         self.load_outcome: tuple[str, Any] | None = None
         self.load_error: BaseException | None = None
@@ -330,18 +334,17 @@ class Server:
                 if batch:
                     t0 = time.monotonic()
                     self._serve_batch(batch)
-                    if self.store is not None:
-                        self.store.release_index_step()
-                        self.store.relocate_step(RELOCATE_STEP_BUSY)
-                        if self.store.unindexed:
-                            self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
+                    self._busy_work()
                     self._note_slow(t0, lambda: f"a batch of {len(batch)} request(s)")
             if self.imports:
                 # one slice of the oldest import after every batch, so it advances under any load and
                 # nobody waits behind more than one slice of it
                 t0 = time.monotonic()
                 self._import_slice(IMPORT_SLICE_S)
+                self._busy_work()
                 self._note_slow(t0, lambda: "a slice of an import")
+                if self.rebuild_waiting and not self.imports:
+                    self._start_waiting_rebuild()
             elif not events and self.store is not None:
                 t0 = time.monotonic()
                 self._idle_work()
@@ -353,6 +356,15 @@ class Server:
             self._freeze_survivors()
         while self.imports:  # a clean stop finishes the imports in progress and answers them
             self._import_slice(None)
+
+    def _busy_work(self) -> None:
+        """The background work done after each batch and each import slice, in small steps, so that
+        it advances under a load that never leaves the loop idle (an ingester's backfill)."""
+        if self.store is not None:
+            self.store.release_index_step()
+            self.store.relocate_step(RELOCATE_STEP_BUSY)
+            if self.store.unindexed:
+                self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
 
     @staticmethod
     def _note_slow(t0: float, what: Callable[[], str]) -> None:
@@ -535,6 +547,12 @@ class Server:
                 raise E.invalid("request must be a single frame")
             op, raw_args, rid, context = wire.decode_envelope(frames[0])
             if op == "import_messages" and envelope is not None and self.store is not None:
+                if self.rebuild_waiting:
+                    raise ProtocolError(E.BUSY, "rebuild_index starts once the imports in progress are done; "
+                                                "retry shortly", retry_after_ms=L.BUSY_RETRY_AFTER_MS)
+                if len(self.imports) >= IMPORTS_MAX:
+                    raise ProtocolError(E.BUSY, f"{len(self.imports)} imports are in progress; retry shortly",
+                                        retry_after_ms=L.BUSY_RETRY_AFTER_MS)
                 self.imports.append((envelope, self._import_steps(raw_args, rid)))
                 return None
             args = wire.validate_args(op, raw_args, context)
@@ -622,17 +640,26 @@ class Server:
     def _rebuild_index(self, args: R.RebuildIndex, rid: str) -> dict[str, Any]:
         if rid in self.rebuild_results:
             return self.rebuild_results[rid]
-        if self.store.rebuilding:
+        if self.store.rebuilding or self.rebuild_waiting:
             if rid == self.rebuild_id:
                 return self._rebuilding_reply()
             raise ProtocolError(E.BUSY, "another rebuild_index is running; retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         self.store._check_writable()
+        self.rebuild_id = rid
+        self.rebuild_outcome = None
+        if self.imports:
+            # a rebuild refuses mutations: the imports in progress are finished first (_serve starts it
+            # then); new ones are answered BUSY meanwhile, so that a steady ingester cannot hold it off
+            self.rebuild_waiting = True
+            LOG.info("rebuild %s waits for %d import(s) in progress", rid, len(self.imports))
+        else:
+            self._start_rebuild()
+        return self._rebuilding_reply()
+
+    def _start_rebuild(self) -> None:
         # the worker reads message texts beside the loop: no message may move between logs meanwhile
         self.store.relocate_step(None)
-        if self.imports:  # a rebuild refuses mutations; an import in progress is finished first
-            raise ProtocolError(E.BUSY, "an import is in progress; retry shortly",
-                                retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         if self.snapshot_child is not None:
             self._reap_snapshot_child(block=True, kill=True)  # the rebuild writes a fresh one anyway
         self.store.rebuilding = True
@@ -640,15 +667,28 @@ class Server:
         # them all holding the GIL (seconds of stalled requests at 1M). Collection resumes, with the
         # new structures frozen, when the rebuild ends.
         gc.disable()
-        self.rebuild_id = rid
-        self.rebuild_outcome = None
         self.rebuild_cancel.clear()
         self.rebuild_started = time.monotonic()
-        LOG.info("rebuild %s started (%d messages, log %d bytes)", rid, len(self.store.by_id),
+        LOG.info("rebuild %s started (%d messages, log %d bytes)", self.rebuild_id, len(self.store.by_id),
                  self.store.log_size())
         self.rebuild_thread = threading.Thread(target=self._rebuild_worker, name="rebuild", daemon=True)
         self.rebuild_thread.start()
-        return self._rebuilding_reply()
+
+    def _start_waiting_rebuild(self) -> None:
+        """The rebuild asked for while imports were in progress, once the last is done."""
+        self.rebuild_waiting = False
+        try:
+            self.store._check_writable()  # the store may have become damaged or broken meanwhile
+        except ProtocolError as exc:
+            self._keep_rebuild_result(self.rebuild_id, exc.reply())
+            self.rebuild_id = None
+            return
+        self._start_rebuild()
+
+    def _keep_rebuild_result(self, rid: str, reply: dict[str, Any]) -> None:
+        self.rebuild_results[rid] = reply
+        while len(self.rebuild_results) > REBUILD_RESULTS_KEPT:
+            self.rebuild_results.pop(next(iter(self.rebuild_results)))
 
     def _rebuilding_reply(self) -> dict[str, Any]:
         return {"status": wire.REBUILDING, "rebuild_id": self.rebuild_id, "retry_after_ms": 50}
@@ -702,13 +742,11 @@ class Server:
         self.rebuild_thread = None
         self.rebuild_id = None
         if rid is not None:
-            self.rebuild_results[rid] = reply
-            while len(self.rebuild_results) > REBUILD_RESULTS_KEPT:
-                self.rebuild_results.pop(next(iter(self.rebuild_results)))
+            self._keep_rebuild_result(rid, reply)
 
     def _rebuild_status(self, args: R.RebuildStatus, rid: str) -> dict[str, Any]:
         wanted = args.rebuild_id
-        if self.store.rebuilding and wanted == self.rebuild_id:
+        if (self.store.rebuilding or self.rebuild_waiting) and wanted == self.rebuild_id:
             return self._rebuilding_reply()
         if wanted in self.rebuild_results:
             return self.rebuild_results[wanted]

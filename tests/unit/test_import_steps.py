@@ -93,3 +93,35 @@ def test_a_failure_between_slices_says_how_much_was_stored(tmp_path):
     assert store.import_messages(_req(range(N))) == {"status": "OK", "imported": N - IMPORT_SLICE_MESSAGES,
                                                      "existing": IMPORT_SLICE_MESSAGES}
     store.close()
+
+
+def test_the_loop_takes_at_most_imports_max_imports_and_none_while_a_rebuild_waits(tmp_path):
+    """Server.handle queues an import (its reply comes when its last slice is stored); past IMPORTS_MAX
+    queued, or while a rebuild_index waits for the queued ones, an import is answered BUSY at once."""
+    from ulid import ULID
+
+    from protocol import wire
+    from storaged.server import IMPORTS_MAX, Server
+
+    store = Store.open(str(tmp_path / "data"))
+    server = Server(store, "inproc://convmem-import-admission")
+    try:
+        def frame(op, args):
+            return [wire.encode_request(op, args, str(ULID()))]
+
+        envelope = [b"peer", b""]
+        for k in range(IMPORTS_MAX):
+            assert server.handle(frame("import_messages", {"messages": [_msg(k)]}), envelope) is None
+        busy = server.handle(frame("import_messages", {"messages": [_msg(99)]}), envelope)
+        assert busy["error"]["code"] == E.BUSY and busy["error"]["retryable"]
+        rebuilding = server.handle(frame("rebuild_index", {}), envelope)
+        assert rebuilding["status"] == wire.REBUILDING and server.rebuild_waiting and not store.rebuilding
+        status = server.handle(frame("rebuild_status", {"rebuild_id": rebuilding["rebuild_id"]}), envelope)
+        assert status["status"] == wire.REBUILDING
+        server.imports.popleft()
+        waiting = server.handle(frame("import_messages", {"messages": [_msg(98)]}), envelope)
+        assert waiting["error"]["code"] == E.BUSY and "rebuild_index" in waiting["error"]["message"]
+        assert len(server.imports) == IMPORTS_MAX - 1 and len(store.by_id) == 0  # nothing stored by handle
+    finally:
+        server.close()
+        store.close()
