@@ -8,7 +8,9 @@ multi-frame message without the REQ delimiter and went away (router_t::rollback 
 An ``import_messages`` (up to a thousand messages, ~0.2 s of work) is not handled at once: it is
 validated and stored a slice at a time (``_import_slice``; each stored slice is its own durable
 commit), one slice after each batch of other requests, so nobody waits behind a whole import. Imports
-go one after another in the order they came; a clean stop finishes the one in progress.
+go one after another in the order they came (at most IMPORTS_MAX taken at once, the rest answered
+BUSY); a ``rebuild_index`` asked for meanwhile starts once they are done (new imports are answered BUSY
+until then); a clean stop finishes them.
 
 All socket calls stay in this thread. Requests taken off the socket together are handled in order
 and share one fdatasync before any of their replies leaves (group commit, ``_serve_batch``). A

@@ -19,9 +19,11 @@ header then its elements, each in the shortest form, so the bytes before field 5
 them (a few dozen bytes) rather than the whole text. ``tests/unit/test_text.py`` checks the
 location against the bytes for texts at every msgpack header boundary.
 
-A location is valid for the log file it was taken in. A compaction writes a new log: it computes the
-new locations as it writes and ``LogText.switch`` moves the reader to the new file (and its salt) in
-the same step as the store takes them (``storaged/compaction.py``).
+A location is valid for the log file it was taken in, read through that file's ``LogText`` (the
+message's ``src``). A compaction writes a new log and computes the new locations as it writes; the
+store then reads new texts through a second reader of the new file, and moves each message to its new
+location and reader in steps between requests (``Store.relocate_step``), the old reader open until the
+last has moved (``storaged/compaction.py``).
 """
 from __future__ import annotations
 
@@ -100,8 +102,9 @@ class TextDamaged(OSError):
 
 
 class LogText:
-    """Reads message text from one log file by location. One per store; every stored message points
-    at it, so a compaction moves every message to the new file by switching this one reader."""
+    """Reads message text from one log file by location. The store has one for its log, which every
+    message it stores points at; after a compaction, the old log's reader serves the messages not yet
+    moved to the new one (``Store.relocate_step``)."""
 
     __slots__ = ("io", "fd", "salt_crc", "on_damage")
 
