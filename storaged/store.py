@@ -860,13 +860,14 @@ class Store:
         snapshot.write_file(self.io, tmp, self.snapshot_meta(self.salt, pos), msgs, self._index.dump())
         return pos
 
-    def install_snapshot(self, tmp: str, pos: int, plan: SegmentPlan | None, names: list[str],
+    def install_snapshot(self, tmp: str | None, pos: int, plan: SegmentPlan | None, names: list[str],
                          background: bool = False) -> None:
-        """Put a written snapshot in place, then map the segment it was written with (if this process
-        did not write it: a background child did) and remove the segment files no longer named (in a
-        thread when ``background``: the request loop installs it)."""
-        self.io.replace(tmp, self.snapshot_path)
-        self.io.sync_dir(self.dir)
+        """Put a written snapshot in place (``tmp`` None: its writer did, a background child), then map
+        the segment it was written with (if this process did not write it) and remove the segment
+        files no longer named (in a thread when ``background``: the request loop installs it)."""
+        if tmp is not None:
+            self.io.replace(tmp, self.snapshot_path)
+            self.io.sync_dir(self.dir)
         self.snapshot_pos = pos
         self.snapshot_segments = list(names)
         if plan is not None and plan.name not in self._index.segment_names():
