@@ -1986,7 +1986,7 @@ class SearchIndex:
     # --- snapshot -----------------------------------------------------------------------------
 
     def dump(self) -> dict[str, Any]:
-        """A msgpack-able dict of bytes: the state as is (tombstones included, so scores after
+        """A msgpack-able dict of bytes (and byte views): the state as is (tombstones included, so scores after
         load are identical), posting lists concatenated per field, and the names of the segments
         that hold the postings below ``mem_lo`` (frozen parts must be written first: plan(),
         write_segment(), adopt())."""
@@ -1997,10 +1997,13 @@ class SearchIndex:
             tids, counts, all_slots, all_keys = _export_lists(self._slots[f], self._keys[f])
             fields.append(
                 {
-                    "tids": tids.tobytes(),
-                    "counts": counts.tobytes(),
-                    "slots": all_slots.tobytes(),
-                    "keys": all_keys.tobytes(),
+                    # views, not copies, of arrays made for the dump (nothing resizes them): a copy of
+                    # a rebuilt index's postings is ~100 MiB, one C call holding the GIL while a
+                    # rebuild's worker writes its snapshot beside the request loop
+                    "tids": memoryview(tids).cast("B"),
+                    "counts": memoryview(counts).cast("B"),
+                    "slots": memoryview(all_slots).cast("B"),
+                    "keys": memoryview(all_keys).cast("B"),
                     "maxtf": bytes(self._maxtf[f]),
                     "lens": self._lens[f].tobytes(),
                     "total": self._total_len[f],

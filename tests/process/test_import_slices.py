@@ -53,6 +53,15 @@ def _watch_partial(c, before: int, total: int, imp: Importer, *, below: int | No
     return None
 
 
+def _in_first_half(d: Daemon, c, tag: str) -> Importer:
+    """An importer of one batch, returned once the daemon has stored some but less than half of it:
+    slices remain for what the test does next."""
+    imp = Importer(d, [_batch(tag)])
+    imp.start()
+    assert _watch_partial(c, 0, BATCH, imp, below=BATCH // 2) is not None
+    return imp
+
+
 def test_requests_are_served_between_the_slices_of_an_import(tmp_path):
     with Daemon(tmp_path / "data") as d:
         d.start()
@@ -96,10 +105,7 @@ def test_a_rebuild_asked_during_an_import_starts_once_the_import_is_stored(tmp_p
     with Daemon(tmp_path / "data") as d:
         d.start()
         with d.client() as c:
-            imp = Importer(d, [_batch("r")])
-            imp.start()
-            # in the first half of the import, so that slices remain when the rebuild arrives
-            assert _watch_partial(c, 0, BATCH, imp, below=BATCH // 2) is not None
+            imp = _in_first_half(d, c, "r")
             done = c.rebuild()  # answered REBUILDING at once, then followed with rebuild_status
             imp.join(60)
             assert imp.replies == [{"status": "OK", "imported": BATCH, "existing": 0}]
@@ -112,9 +118,7 @@ def test_a_clean_stop_finishes_the_import_in_progress_and_answers_it(tmp_path):
     with Daemon(tmp_path / "data") as d:
         d.start()
         with d.client() as c:
-            imp = Importer(d, [_batch("stop")])
-            imp.start()
-            assert _watch_partial(c, 0, BATCH, imp, below=BATCH // 2) is not None
+            imp = _in_first_half(d, c, "stop")
         assert d.terminate() == 0
         imp.join(60)
         assert imp.replies == [{"status": "OK", "imported": BATCH, "existing": 0}], (imp.replies, imp.error)

@@ -614,12 +614,16 @@ def test_frame_checksum_covers_length_and_salt():
 def test_a_snapshot_is_packed_in_pieces_with_the_bytes_of_one_pack():
     """The search dump is written piece by piece (snapshot.pack_pieces: no single C call over hundreds
     of MiB while a rebuild's worker holds the GIL), and the file holds exactly what one pack would."""
+    import array
+
     from storaged.snapshot import WRITE_AT, pack_pieces
 
     packer = msgpack.Packer(use_bin_type=True)
     big = bytes(range(256)) * (WRITE_AT // 256 * 3 + 1)
+    words = "\n".join(f"term{i} 京都{i}" for i in range(WRITE_AT // 8))  # a big str, not ASCII
     for obj in ({"fields": [{"slots": big, "n": 3}, {"slots": b"small"}], "terms": "a\nb", "x": None},
-                [memoryview(big), bytearray(big[:WRITE_AT + 1]), (1, 2.5, "s")], big):
+                [memoryview(big), bytearray(big[:WRITE_AT + 1]), (1, 2.5, "s")], big, {"terms": words},
+                memoryview(array.array("I", range(WRITE_AT // 2))).cast("B")):
         pieces = list(pack_pieces(packer, obj))
         assert b"".join(pieces) == packer.pack(obj)
         assert max(map(len, pieces)) <= WRITE_AT
