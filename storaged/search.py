@@ -825,6 +825,15 @@ def _export_lists(slots_f: list, keys_f: list) -> tuple[array, array, array, arr
     return tids, counts, all_slots, all_keys
 
 
+def _joined_terms(terms: list) -> str:
+    """The dump's ``terms``: every term by tid, one a line (a freed one empty). Joined 64K terms at a
+    time, then the pieces: one join of 2M terms was one C call of ~0.4 s (1.2 s with its generator) that
+    held the GIL while a rebuild's worker wrote its snapshot beside the request loop."""
+    terms = [t if t is not None else "" for t in terms]
+    step = 1 << 16
+    return "\n".join(["\n".join(terms[i:i + step]) for i in range(0, len(terms), step)])
+
+
 class _MemPart:
     """Postings held as Python objects by term id (the layout the module docstring describes),
     as a part of the index that queries read: the index's own live lists (a view made per query),
@@ -2013,7 +2022,7 @@ class SearchIndex:
         return {
             "format": _FORMAT,
             "byteorder": sys.byteorder,
-            "terms": "\n".join(t if t is not None else "" for t in self._terms),
+            "terms": _joined_terms(self._terms),
             "slot_doc": self._slot_doc.tobytes(),
             "alive": bytes(self._alive),
             "docmap": self._docmap.arr.tobytes(),
