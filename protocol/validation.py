@@ -40,16 +40,16 @@ def _name(key: Any) -> str:
 
 
 def is_ulid(value: Any) -> bool:
-    return isinstance(value, str) and _ULID_RE.fullmatch(value.upper()) is not None
+    # ASCII first: str.upper() maps some other characters onto base32 letters ("ß" -> "SS", "ſ" -> "S")
+    return isinstance(value, str) and value.isascii() and _ULID_RE.fullmatch(value.upper()) is not None
 
 
 def canonical_ulid(value: Any, field: str) -> str:
     if not isinstance(value, str):
         raise invalid(f"{field} must be a string (a 26-character ULID)")
-    up = value.upper()
-    if not is_ulid(up):
+    if not is_ulid(value):
         raise invalid(f"{field} must be a 26-character ULID (Crockford base32)")
-    return up
+    return value.upper()
 
 
 # Mutating tools that take the host's own request id (``request_id``): a retry that carries the id of

@@ -430,3 +430,11 @@ class TestDeleteAndNoArgTools:
         assert ok(tool, {}) == REQUEST_TYPES[tool]() and ok(tool, None) == REQUEST_TYPES[tool]()
         bad(tool, {"force": SECRET}, "force")
         bad(tool, [SECRET], "arguments")
+
+
+def test_a_ulid_is_ascii_before_it_is_upper_cased():
+    """str.upper() turns "ß" into "SS" and "ſ" into "S": a 25-character id ending in "ß", or one with "ſ",
+    would become a valid ULID that the caller never sent."""
+    assert ok("delete_message", {"message_id": ULID_A.lower()}).message_id == ULID_A
+    bad("delete_message", {"message_id": ULID_A[:24] + "ß"}, "message_id", secret=None)
+    bad("delete_message", {"message_id": ULID_A[:10] + "ſ" + ULID_A[11:]}, "message_id", secret=None)
