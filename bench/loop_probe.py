@@ -11,8 +11,8 @@ cyclic GC during the load, the loaded structures frozen), then:
             decoded, then validated and stored a slice at a time (``Server._import_slice``'s budget),
             an index step after each; the survivors of each full collection frozen as the server does.
             -> the worst steps by kind and the worst collections.
-  rebuild   (--rebuild) ``compaction.prepare`` in a thread beside a probe thread that sleeps 1 ms at a
-            time: every gap over 50 ms is a time the worker held the GIL (what a request waits), then
+  rebuild   (--rebuild) ``compaction.prepare`` in a thread (the collector off, as in the daemon) beside
+            a probe thread that sleeps 1 ms at a time: every gap over 50 ms is a time the worker held the GIL (what a request waits), then
             ``compaction.install`` timed, then the moves (``Store.relocate_step``) step by step.
 
 One run, a shared machine: figures are noisy; compare before and after in the same machine state.
@@ -99,6 +99,9 @@ def probe_imports(store: Store, corpus: str, batches: int) -> dict[str, Any]:
 
 
 def probe_rebuild(store: Store) -> dict[str, Any]:
+    # as the daemon does (Server._start_rebuild, _finish_rebuild): no cyclic GC while the worker builds,
+    # what it built frozen afterwards
+    gc.disable()
     out: list[Any] = []
     worker = threading.Thread(target=lambda: out.append(compaction.prepare(store, lambda: time.sleep(0))))
     t0 = time.perf_counter()
@@ -114,6 +117,8 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
     prepare_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     compaction.install(store, out[0], background=True)
+    gc.freeze()
+    gc.enable()
     install_s = time.perf_counter() - t1
     moves = []
     while True:
