@@ -31,7 +31,6 @@ class Prepared:
     log_size: int
     record_count: int
     checkpoint_bytes: int
-    live_bytes: int
     rec_sizes: list[int]
     text_locs: list[int]                # where each message's text lies in the new log
     meta_sizes: dict[str, int]          # session id -> bytes of its one merged "s" record
@@ -122,7 +121,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     # background snapshot after the install writes it, in a forked child (Store.snapshot_due: the
     # index's live lists are over SearchIndex.flush_due's size).
     snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, snap_fields, index.dump())
-    return Prepared(salt, size, len(msgs), len(checkpoint), sum(rec_sizes), rec_sizes, text_locs, meta_sizes,
+    return Prepared(salt, size, len(msgs), len(checkpoint), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
                     index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0,
                     rids, msgs)

@@ -763,6 +763,7 @@ class Store:
                                         f"import shortly", retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         seen: set[str] = set()
         imported = existing = future = 0
+        committed = False  # a slice of this import is stored
         clock = self.clock
         todo = req.messages
         i = 0
@@ -770,39 +771,43 @@ class Store:
                  if s.fields and any(self.session_meta.get(s.session_id, {}).get(k) != v for k, v in s.fields.items())]
         built: list[Message | None] = [None] * len(batch)
         while True:
-            if i:
-                try:
+            try:
+                if i:
                     self._check_writable()
-                except ProtocolError as exc:
-                    raise ProtocolError(exc.code, f"{exc.message} (the import stopped after storing {imported} "
-                                                  f"of its messages; send it again to store the rest: those "
-                                                  f"stored are skipped)", exc.retry_after_ms) from None
-            seq = self.last_seq
-            text_bytes = 0
-            for m in todo[i:i + IMPORT_SLICE_MESSAGES]:
-                i += 1
-                if m.message_id in self.by_id or m.message_id in seen:
-                    existing += 1
-                    continue
-                seen.add(m.message_id)
-                seq += 1
-                msg = message_from_args(m.message_id, m.session_id, seq, m.timestamp, m.role, m.content,
-                                        m.metadata, m.event)
-                msg.revision, msg.updated_at = m.revision, m.updated_at
-                if clock.beyond_id(msg.message_id) or clock.beyond_ms(msg.timestamp) or clock.beyond_ms(msg.updated_at):
-                    future += 1  # stored as it is; the clock does not observe it (see idgen)
-                batch.append(records.write(None, msg.fields(m.content)))
-                built.append(msg)
-                text_bytes += len(m.content)
-                if text_bytes >= IMPORT_SLICE_BYTES:
-                    break
-            last = i >= len(todo)
-            if last:
-                batch += [records.ingest(c.source, c.key, c.value) for c in req.checkpoints]
-                built += [None] * len(req.checkpoints)
+                seq = self.last_seq
+                text_bytes = 0
+                for m in todo[i:i + IMPORT_SLICE_MESSAGES]:
+                    i += 1
+                    if m.message_id in self.by_id or m.message_id in seen:
+                        existing += 1
+                        continue
+                    seen.add(m.message_id)
+                    seq += 1
+                    msg = message_from_args(m.message_id, m.session_id, seq, m.timestamp, m.role, m.content,
+                                            m.metadata, m.event)
+                    msg.revision, msg.updated_at = m.revision, m.updated_at
+                    if clock.beyond_id(msg.message_id) or clock.beyond_ms(msg.timestamp) or clock.beyond_ms(msg.updated_at):
+                        future += 1  # stored as it is; the clock does not observe it (see idgen)
+                    batch.append(records.write(None, msg.fields(m.content)))
+                    built.append(msg)
+                    text_bytes += len(m.content)
+                    if text_bytes >= IMPORT_SLICE_BYTES:
+                        break
+                last = i >= len(todo)
+                if last:
+                    batch += [records.ingest(c.source, c.key, c.value) for c in req.checkpoints]
+                    built += [None] * len(req.checkpoints)
+                if batch:
+                    self._commit(batch, built)
+            except ProtocolError as exc:
+                if not committed:  # nothing of this import is stored: the error as it is
+                    raise
+                raise ProtocolError(exc.code, f"{exc.message} (the import stopped after storing {imported} "
+                                              f"of its messages; send it again to store the rest: those "
+                                              f"stored are skipped)", exc.retry_after_ms) from None
             if batch:
-                self._commit(batch, built)
-                imported += sum(1 for msg in built if msg is not None)
+                committed = True
+                imported += len(built) - built.count(None)
             if last:
                 break
             batch, built = [], []
@@ -965,7 +970,9 @@ class Store:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
-        self.relocate_step(None)
+        if self.relocation is not None:  # nothing reads the old log any more: no need to move anyone
+            self.relocation.old.close()
+            self.relocation = None
         self.log_text.close()
 
     # ------------------------------------------------------------------ after a compaction

@@ -125,3 +125,23 @@ def test_the_loop_takes_at_most_imports_max_imports_and_none_while_a_rebuild_wai
     finally:
         server.close()
         store.close()
+
+
+def test_a_failed_append_in_a_later_slice_says_how_much_was_stored(tmp_path):
+    """An I/O error storing the second slice is IO_ERROR, and it says the first slice stayed stored (the
+    append's own message, "nothing was stored", is true of that slice only)."""
+    from tests.support.faultio import FaultIO
+
+    io = FaultIO(kinds={"sync"})
+    store = Store.open(str(tmp_path), io=io)
+    steps = store.import_steps(_req(range(N)))
+    next(steps)
+    io.arm(0)  # the next fdatasync fails: the second slice's append is undone
+    with pytest.raises(ProtocolError) as exc:
+        R.run_steps(steps)
+    assert exc.value.code == E.IO_ERROR
+    assert f"after storing {IMPORT_SLICE_MESSAGES} of its messages" in exc.value.message
+    assert len(store.by_id) == IMPORT_SLICE_MESSAGES
+    io.arm(None)
+    assert store.import_messages(_req(range(N)))["imported"] == N - IMPORT_SLICE_MESSAGES
+    store.close()
