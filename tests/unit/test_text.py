@@ -272,3 +272,23 @@ def test_a_rebuild_frees_the_index_it_replaces_in_steps(tmp_path):
     assert search(store, query="word299", limit=5)["results"][0]["content"] == "retired index word299 common"
     assert new.doc_count() == 300
     store.close()
+
+
+def test_a_clean_stop_in_the_middle_of_a_move_writes_rows_of_the_new_log_only(tmp_path):
+    """write_snapshot (a clean stop) finishes the move before it writes rows; close() without a snapshot
+    just drops the old log's reader. Either way the next open finds the state the store showed."""
+    for snapshot_at_stop in (True, False):
+        d = str(tmp_path / f"data-{snapshot_at_stop}")
+        store = Store.open(d)
+        ids = [write(store, "s", f"moved text {i} " * 20)["message"]["message_id"] for i in range(60)]
+        delete(store, ids[3])  # the compacted log differs from the old one
+        compaction.install(store, compaction.prepare(store))
+        assert store.relocate_step(10)
+        update(store, ids[40], content="changed mid-move")
+        live = live_state(store)
+        if snapshot_at_stop:
+            assert store.write_snapshot() and store.relocation is None
+        store.close()
+        again = Store.open(d)
+        assert again.snapshot_valid and live_state(again) == live
+        again.close()
