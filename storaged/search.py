@@ -885,6 +885,11 @@ class _MemPart:
             for _ in range(min(n, len(vocab))):
                 vocab.popitem()
             return True
+        if self.prefix is not None:  # its sorted runs hold the last references to the term strings
+            for run in (*self.prefix.runs, self.prefix.side):
+                if run:
+                    del run[-n:]
+                    return True
         self.prefix = None
         self._char_index = dict
         self.nbytes = 0

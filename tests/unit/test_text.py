@@ -261,14 +261,19 @@ def test_a_rebuild_frees_the_index_it_replaces_in_steps(tmp_path):
     for i in range(300):
         write(store, "s", f"retired index word{i} common")
     old = store.search  # indexes the queue: the old index's live lists hold every message
+    while not (old._prefix is not None and old._prefix.ready):  # a prefix query builds the sorted terms
+        search(store, query="retir", limit=1)
     old_terms = len(old._vocab)
     compaction.install(store, compaction.prepare(store))
     new = store.search
     assert new is not old and old._vocab == {} and new._retired
     assert sum(len(p.vocab) for p in new._retired) >= old_terms
     assert search(store, query="word7", limit=5)["results"][0]["content"] == "retired index word7 common"
+    prefix = next(p for p in new._retired if p.prefix is not None).prefix
+    assert sum(map(len, prefix.runs)) >= 200  # the prefix-matchable terms ("word100".."word299" and more)
     while new._retired:
         new.release_step()
+    assert not any(prefix.runs) and not prefix.side  # emptied in steps, not dropped whole
     assert search(store, query="word299", limit=5)["results"][0]["content"] == "retired index word299 common"
     assert new.doc_count() == 300
     store.close()
