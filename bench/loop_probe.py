@@ -11,9 +11,11 @@ cyclic GC during the load, the loaded structures frozen), then:
             decoded, then validated and stored a slice at a time (``Server._import_slice``'s budget),
             an index step after each; the survivors of each full collection frozen as the server does.
             -> the worst steps by kind and the worst collections.
-  rebuild   (--rebuild) ``compaction.prepare`` in a thread (the collector off, as in the daemon) beside
-            a probe thread that sleeps 1 ms at a time: every gap over 50 ms is a time the worker held the GIL (what a request waits), then
-            ``compaction.install`` timed, then the moves (``Store.relocate_step``) step by step.
+  rebuild   (--rebuild) the rebuild's worker forked as the daemon forks it (``compaction.run_child``),
+            the loop meanwhile sleeping 1 ms at a time and polling for its exit (every gap over 50 ms
+            is a time a request would have waited: the fork itself, or a machine too busy to run
+            the loop), then ``read_result`` and ``compaction.install`` timed, then the moves
+            (``Store.relocate_step``) step by step.
 
 One run, a shared machine: figures are noisy; compare before and after in the same machine state.
 """
@@ -24,7 +26,6 @@ import gc
 import os
 import shutil
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -33,7 +34,7 @@ from ulid import ULID
 from bench import scale_corpus
 from protocol import validation as V
 from protocol import wire
-from storaged import compaction
+from storaged import children, compaction
 from storaged.server import IMPORT_SLICE_S, RELOCATE_STEP
 from storaged.store import Store
 
@@ -99,27 +100,31 @@ def probe_imports(store: Store, corpus: str, batches: int) -> dict[str, Any]:
 
 
 def probe_rebuild(store: Store) -> dict[str, Any]:
-    # as the daemon does (Server._start_rebuild, _finish_rebuild): no cyclic GC while the worker builds,
-    # what it built frozen afterwards
-    gc.disable()
-    out: list[Any] = []
-    worker = threading.Thread(target=lambda: out.append(compaction.prepare(store, lambda: time.sleep(0))))
+    """As the daemon does it (Server._start_rebuild, _finish_rebuild): the worker forked, the loop
+    polling for its exit, then its result read and installed, then the moves."""
+    def work() -> int:
+        gc.disable()
+        return compaction.run_child(store)
+
     t0 = time.perf_counter()
-    worker.start()
+    pid = children.start(work)
+    fork_s = time.perf_counter() - t0
     gaps: list[float] = []
     last = time.perf_counter()
-    while worker.is_alive():
+    while children.reap(pid, block=False) is None:
         time.sleep(0.001)
         now = time.perf_counter()
         gaps.append(now - last)
         last = now
-    worker.join()
     prepare_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    compaction.install(store, out[0], background=True)
-    gc.freeze()
-    gc.enable()
+    kind, prepared = compaction.read_result(store)
+    read_s = time.perf_counter() - t1
+    assert kind == "ok", prepared
+    t1 = time.perf_counter()
+    compaction.install(store, prepared, background=True)
     install_s = time.perf_counter() - t1
+    compaction.discard(store)
     moves = []
     while True:
         t2 = time.perf_counter()
@@ -128,9 +133,10 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
         if not more:
             break
     gaps.sort()
-    return {"prepare_s": round(prepare_s, 1), "probe_gaps": len(gaps),
+    return {"prepare_s": round(prepare_s, 1), "fork_ms": round(fork_s * 1000, 1), "probe_gaps": len(gaps),
             "gaps_over_50ms": sum(g > 0.05 for g in gaps), "gap_p95_ms": round(gaps[int(len(gaps) * 0.95)] * 1000, 1),
-            "gap_max_ms": round(gaps[-1] * 1000, 1), "install_ms": round(install_s * 1000, 1),
+            "gap_max_ms": round(gaps[-1] * 1000, 1), "read_result_ms": round(read_s * 1000, 1),
+            "install_ms": round(install_s * 1000, 1),
             "relocate_steps": len(moves), "relocate_step_max_ms": round(max(moves) * 1000, 1)}
 
 

@@ -1,18 +1,29 @@
 """rebuild_index: compact the log to the live messages and rebuild the snapshot and search index.
 
 Split in two so that the daemon can run the slow part beside its request loop:
-``prepare`` (worker thread; the store is frozen for mutations, reads go on) writes the new log and
-snapshot beside the old ones and builds a new search index; ``install`` (request-loop thread)
-renames them into place, fsyncs the directory and swaps the in-memory parts. A crash at any point
-leaves either the old files or the new ones: the snapshot names the salt of the log it belongs to,
-so an old snapshot is never applied to a new log or the reverse.
+``prepare`` (in a forked child of the daemon, ``run_child``: it sees the state frozen — the daemon
+refuses mutations meanwhile — and tokenises on a core of its own, never taking the loop's GIL)
+writes the new log, the new index as one segment file, and the snapshot naming both, beside the old
+ones; ``install`` (request-loop thread, ``read_result`` first) renames them into place, fsyncs the
+directory and swaps the in-memory parts. A crash at any point leaves either the old files or the new
+ones: the snapshot names the salt of the log it belongs to, so an old snapshot is never applied to a
+new log or the reverse, and a segment nothing names is removed (``Store.collect_segments``).
 """
 from __future__ import annotations
 
+import logging
+import os
 import time
+import traceback
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+
+import msgpack
+
+from protocol import errors as E
+from protocol.errors import error_reply
 
 from . import layout
 from . import log as logfile
@@ -20,7 +31,9 @@ from . import records
 from . import snapshot
 from .search import SearchIndex
 from .store import Store
-from .text import locate
+from .text import PackedLocations, TextDamaged, locate
+
+LOG = logging.getLogger("convmem.storaged")
 
 WRITE_BATCH = 1 << 20
 
@@ -31,8 +44,8 @@ class Prepared:
     log_size: int
     record_count: int
     checkpoint_bytes: int
-    rec_sizes: list[int]
-    text_locs: list[int]                # where each message's text lies in the new log
+    rec_sizes: Sequence[int]
+    text_locs: Sequence[int]            # where each message's text lies in the new log
     meta_sizes: dict[str, int]          # session id -> bytes of its one merged "s" record
     checkpoint_sizes: dict[tuple[str, str], int]
     search: SearchIndex
@@ -45,7 +58,8 @@ class Prepared:
 
 
 def prepare(store: Store, pause=lambda: None) -> Prepared:
-    """Write ``log.compact`` and ``snapshot.tmp``. ``pause`` is called between batches (lets the GIL go)."""
+    """Write ``log.compact``, the new index's segment and ``snapshot.tmp``. ``pause`` is called
+    between batches (``rebuild`` and the bench's probe pass none)."""
     t0 = time.monotonic()
     io = store.io
     salt = logfile.new_salt()
@@ -115,12 +129,18 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta["session_meta"] = [[sid, fields, meta_sizes[sid]] for sid, fields in metas.items()]
     meta["checkpoints"] = [[src, key, store.ingest.checkpoints[(src, key)], n]
                            for (src, key), n in checkpoint_sizes.items()]
-    snap_fields = (m.row(loc, rs) for m, loc, rs in zip(msgs, text_locs, rec_sizes))
-    # The new index stays in memory (its dump is in the new snapshot): writing it as a segment here, in
-    # a thread beside the request loop, would hold the GIL for seconds (a sort of every term); the first
-    # background snapshot after the install writes it, in a forked child (Store.snapshot_due: the
-    # index's live lists are over SearchIndex.flush_due's size).
-    snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, snap_fields, index.dump())
+    # the new index as one segment: the snapshot names it, and the daemon maps it at the install
+    # instead of holding a rebuilt index's millions of objects (and a start maps it too)
+    plan = index.plan()
+    try:
+        if plan is not None:
+            index.write_and_adopt(plan, io, store.dir)
+        snap_fields = (m.row(loc, rs) for m, loc, rs in zip(msgs, text_locs, rec_sizes))
+        snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, snap_fields, index.dump())
+    except BaseException:
+        if plan is not None:  # nothing names it (the caller discards the other temps)
+            _quiet_remove(io, os.path.join(store.dir, plan.name))
+        raise
     return Prepared(salt, size, len(msgs), len(checkpoint), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
                     index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0,
@@ -215,7 +235,8 @@ def _quiet_remove(io, path: str) -> None:
 
 def discard(store: Store) -> None:
     """Remove the temporary files of a failed rebuild (best effort: they are removed at start anyway)."""
-    for path in (store.log_path + layout.COMPACT_SUFFIX, store.snapshot_path + layout.TMP_SUFFIX):
+    for path in (store.log_path + layout.COMPACT_SUFFIX, store.snapshot_path + layout.TMP_SUFFIX,
+                 result_path(store)):
         _quiet_remove(store.io, path)
 
 
@@ -228,3 +249,78 @@ def rebuild(store: Store) -> dict[str, Any]:
         discard(store)
         raise
     return install(store, prepared)
+
+
+# ---------------------------------------------------------------- the rebuild's forked worker
+def result_path(store: Store) -> str:
+    return os.path.join(store.dir, layout.REBUILD_RESULT)
+
+
+def failure_reply(exc: BaseException) -> dict[str, Any]:
+    """The contract's error reply for a rebuild that failed before its install: the store is unchanged."""
+    if isinstance(exc, TextDamaged):
+        return error_reply(E.CORRUPT_STORE, f"rebuild stopped: {exc.strerror}; the store is unchanged, run --salvage")
+    if isinstance(exc, OSError):
+        return error_reply(E.IO_ERROR, f"rebuild failed writing its files ({exc.strerror or 'I/O error'}); "
+                                       f"the store is unchanged")
+    return error_reply(E.INTERNAL_ERROR, "rebuild failed; the store is unchanged")
+
+
+def run_child(store: Store) -> int:
+    """The body of a rebuild's worker, in a forked child of the daemon: ``prepare``, then what the
+    daemon needs to install it (or the failure) in ``result_path``, read by ``read_result`` once the
+    child has exited 0."""
+    try:
+        p = prepare(store)
+        pos, rest = PackedLocations.pack(p.text_locs)
+        result: dict[str, Any] = {"ok": {
+            "salt": p.salt, "log_size": p.log_size, "record_count": p.record_count,
+            "checkpoint_bytes": p.checkpoint_bytes, "rec_sizes": array("Q", p.rec_sizes).tobytes(),
+            "loc_pos": pos, "loc_rest": rest, "meta_sizes": list(p.meta_sizes.items()),
+            "checkpoint_sizes": [[src, key, n] for (src, key), n in p.checkpoint_sizes.items()],
+            "index": p.search.dump(), "records_removed": p.records_removed, "bytes_before": p.bytes_before,
+            "seconds": p.seconds, "rids": p.rids, "last_seq": p.msgs[-1].seq if p.msgs else 0,
+        }}
+    except Exception as exc:
+        result = {"error": failure_reply(exc), "corrupt": store.corrupt,
+                  "traceback": None if isinstance(exc, OSError) else traceback.format_exc()}
+    data = msgpack.packb(result, use_bin_type=True)
+    fd = store.io.open_new(result_path(store))
+    try:
+        store.io.write(fd, data)
+    finally:
+        store.io.close(fd)
+    return 0
+
+
+def read_result(store: Store) -> tuple[str, Any]:
+    """("ok", Prepared) or ("error", reply) from a worker that exited 0 (``run_child``). The messages
+    are the store's own, in seq order: the worker wrote them from the same frozen state (checked by
+    count and last seq). A worker that found a damaged text has the store marked damaged here too.
+    The index's segment is mapped without reading it whole (its writer has just fsynced it)."""
+    buf = store.io.read_all(result_path(store))
+    try:
+        result = msgpack.unpackb(buf, raw=False, use_list=True)
+    finally:
+        if hasattr(buf, "close"):
+            buf.close()
+    if "error" in result:
+        if result.get("traceback"):
+            LOG.error("rebuild failed:\n%s", result["traceback"])
+        if result.get("corrupt") and store.corrupt is None:
+            store._set_corrupt(result["corrupt"])
+            LOG.error("%s", store.last_error)
+        return "error", result["error"]
+    r = result["ok"]
+    msgs = list(store.by_seq.values())
+    if len(msgs) != r["record_count"] or (msgs[-1].seq if msgs else 0) != r["last_seq"]:
+        return "error", error_reply(E.INTERNAL_ERROR, "rebuild's worker saw other messages than the store holds; "
+                                                      "the store is unchanged")
+    rec_sizes = array("Q")
+    rec_sizes.frombytes(r["rec_sizes"])
+    search = SearchIndex.load(r["index"], store.dir, store.io, verify=False)
+    return "ok", Prepared(
+        r["salt"], r["log_size"], r["record_count"], r["checkpoint_bytes"], rec_sizes,
+        PackedLocations(r["loc_pos"], r["loc_rest"]), dict(r["meta_sizes"]),
+        {(src, key): n for src, key, n in r["checkpoint_sizes"]}, search, len(msgs), r["records_removed"],
+        r["bytes_before"], r["seconds"], r["rids"], msgs)

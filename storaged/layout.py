@@ -20,7 +20,7 @@ from protocol.config import CURVE_CLIENTS_DIR, DAEMON_LOG_NAME, HTTP_TOKEN_NAME,
 
 __all__ = [
     "LOG", "SNAPSHOT", "LOCK", "CURSOR_KEY", "STORE_ID", "HTTP_TOKEN", "DAEMON_LOG", "RUN_DIR", "SOCKET", "PID", "CURVE_CLIENTS",
-    "SEGMENT_PREFIX", "SEGMENT_SUFFIX",
+    "SEGMENT_PREFIX", "SEGMENT_SUFFIX", "REBUILD_RESULT",
     "TMP_SUFFIX", "NEW_SUFFIX", "COMPACT_SUFFIX", "BACKGROUND_SUFFIX", "LOCK_SUFFIX", "DAMAGED_PREFIX",
     "damaged_copy_name", "leftovers",
 ]
@@ -42,6 +42,9 @@ CURVE_CLIENTS = CURVE_CLIENTS_DIR  # curve/clients/*.key: the CURVE allow-list
 # does not name them is in place (Store.collect_segments).
 SEGMENT_PREFIX = "index."
 SEGMENT_SUFFIX = ".seg"
+# rebuild.tmp: what a rebuild's forked worker hands the daemon (the new log's figures, the text
+# locations, the new index's dump), read once the worker has exited; never part of the store
+REBUILD_RESULT = "rebuild.tmp"
 
 TMP_SUFFIX = ".tmp"             # any atomic replacement's temp (snapshot.tmp, cursor.key.tmp, storaged.pid.tmp)
 NEW_SUFFIX = ".new"             # log.new: a first start's log header before it becomes the log
@@ -61,7 +64,7 @@ def leftovers(data_dir: str) -> list[str]:
     too): the store removes them at open. A temp is never read back, so removing one loses nothing.
     ``run/storaged.pid.tmp`` is not among them: it is replaced at the next pid write."""
     names = [LOG + COMPACT_SUFFIX, LOG + NEW_SUFFIX, SNAPSHOT + TMP_SUFFIX, SNAPSHOT + BACKGROUND_SUFFIX,
-             CURSOR_KEY + TMP_SUFFIX]
+             CURSOR_KEY + TMP_SUFFIX, REBUILD_RESULT]
     paths = [os.path.join(data_dir, name) for name in names]
     paths += sorted(glob.glob(os.path.join(glob.escape(data_dir), DAMAGED_PREFIX + "*" + TMP_SUFFIX)))
     return [p for p in paths if os.path.lexists(p)]

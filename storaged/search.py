@@ -50,8 +50,8 @@ the term, all with the term's idf over the whole index and its bound over all pa
 one list of them all.  Slot numbers are fixed once a segment holds them (compact() then only sweeps
 the live lists).
 
-All state lives on the instance, so a rebuild thread may fill a fresh index while the main thread
-queries the old one.
+All state lives on the instance, so one thread may fill a fresh index while another queries an
+old one (a rebuild's worker does it in a forked child: compaction.run_child).
 """
 
 from __future__ import annotations
@@ -1408,6 +1408,13 @@ class SearchIndex:
         segment_write(io, path, plan.slot_lo, plan.slot_hi, vocab, fields, _bigram_chars)
         return path
 
+    def write_and_adopt(self, plan: "SegmentPlan", io, directory: str) -> None:
+        """write_segment, make the file's name durable (before any snapshot names it), and adopt it:
+        what a process that wrote its own segment does (a snapshot's writer, a rebuild's worker)."""
+        path = self.write_segment(plan, io, directory)
+        io.sync_dir(directory)
+        self.adopt(plan, Segment(path, io, verify=False))
+
     def adopt(self, plan: "SegmentPlan", segment: Segment) -> bool:
         """Put the written ``segment`` in place of the parts it was made from; False if they are
         no longer this index's (it was replaced by a rebuild meanwhile, or the plan was adopted)."""
@@ -2038,8 +2045,9 @@ class SearchIndex:
         }
 
     @classmethod
-    def load(cls, data: dict[str, Any], directory: str | None = None, io=None) -> "SearchIndex":
-        """The index a dump describes, its segments mapped from ``directory``.  Raises ValueError
+    def load(cls, data: dict[str, Any], directory: str | None = None, io=None, verify: bool = True) -> "SearchIndex":
+        """The index a dump describes, its segments mapped from ``directory`` (``verify`` False: not
+        checked against their CRCs, for segments a child of this process has just written).  Raises ValueError
         on anything that is not a dump of a readable format, or whose segments are missing or do
         not fit it (SegmentInvalid), DumpOutdated if it is one of an earlier tokenizer."""
         if isinstance(data, dict) and data.get("format") in _OUTDATED_FORMATS:
@@ -2048,12 +2056,12 @@ class SearchIndex:
             raise ValueError("not a search index dump")
         try:
             self = cls._load(data)
-            self._open_segments(data.get("segments", []), data.get("mem_lo", 0), directory, io)
+            self._open_segments(data.get("segments", []), data.get("mem_lo", 0), directory, io, verify)
             return self
         except (KeyError, TypeError, IndexError, AttributeError, OverflowError, UnicodeError) as exc:
             raise ValueError(f"corrupt search index dump ({type(exc).__name__})") from None
 
-    def _open_segments(self, listed: list, mem_lo: int, directory: str | None, io) -> None:
+    def _open_segments(self, listed: list, mem_lo: int, directory: str | None, io, verify: bool = True) -> None:
         """Map the dump's segments: each must exist, be whole, and cover the slots the dump says,
         one after the other from slot 0 up to ``mem_lo``, where the dump's own lists begin."""
         if listed and directory is None:
@@ -2062,7 +2070,7 @@ class SearchIndex:
         for name, lo, hi in listed:
             if not isinstance(name, str) or not is_segment_name(name) or os.sep in name:
                 raise SegmentInvalid(f"not a segment name: {name!r}")
-            seg = Segment(os.path.join(directory, name), io)
+            seg = Segment(os.path.join(directory, name), io, verify)
             if (seg.slot_lo, seg.slot_hi) != (lo, hi) or lo != at:
                 raise SegmentInvalid(f"segment {name} does not cover the slots the snapshot says")
             self._parts.append(seg)

@@ -15,10 +15,10 @@ until then); a clean stop finishes them.
 All socket calls stay in this thread. Requests taken off the socket together are handled in order
 and share one fdatasync before any of their replies leaves (group commit, ``_serve_batch``). A
 snapshot is written now and then by a forked child that sees a frozen copy of the state, so a
-start after a crash replays a bounded tail. A rebuild runs in a worker thread that only reads the
-(frozen) state and writes temporary files; it wakes the loop through an inproc PAIR socket when
-done, and the loop installs the result. Meanwhile mutations are answered BUSY at once and reads
-are served from the unchanged state.
+start after a crash replays a bounded tail. A rebuild runs in a forked worker too
+(``compaction.run_child``), which writes the new log, segment and snapshot from its frozen image and
+leaves its result in a file; the loop sees it exit (``waitpid`` between requests) and installs the
+result. Meanwhile mutations are answered BUSY at once and reads are served from the unchanged state.
 
 The store itself may be opened by a worker thread too (``load_in_background``): the socket is bound
 first and every request gets a clear, retryable answer while the log is replayed — BUSY for the
@@ -27,7 +27,6 @@ daemon that has not started to listen yet.
 """
 from __future__ import annotations
 
-import ctypes
 import gc
 import logging
 import os
@@ -49,7 +48,7 @@ from protocol import wire
 from protocol.errors import ProtocolError, error_reply
 from protocol.history import HistoryError
 
-from . import compaction, datadir, layout, views
+from . import children, compaction, layout, views
 from .history import HistoryViews
 from .text import TextDamaged
 from .history import handlers as history_handlers
@@ -114,7 +113,6 @@ SEARCH_CATCH_UP_BIG_S = 0.04
 # imports wait (BUSY) while this many messages are queued for the search index: a few seconds of
 # indexing, which a clean stop's STOP_INDEX_BUDGET_S mostly covers
 INDEX_QUEUE_MAX = 10_000
-_PR_SET_PDEATHSIG = 1
 ZAP_DOMAIN = "convmem"
 
 
@@ -126,30 +124,11 @@ def _after_catch_up(store: Store, handler: Callable[[Any, str | None], dict[str,
     return searching
 
 
-class RebuildCancelled(Exception):
-    pass
-
-
-def _detach_snapshot_child(parent: int) -> None:
-    """In a forked snapshot child: let go of the data directory's lock and die with the daemon.
-
-    The child inherits the lock's descriptor, and a flock is held until every copy of it is closed:
-    a child still writing when the daemon crashed would keep a restarted daemon out (exit 3).
-    Closing the child's copy does not release the parent's lock. PR_SET_PDEATHSIG makes the kernel
-    kill the child when the daemon dies; the getppid check covers a daemon that died before the
-    prctl took effect."""
-    for fd in datadir.held_lock_fds():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the lock is released all the same; only an orphan may finish its write
-    if os.getppid() != parent:
-        os._exit(1)
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        sig = -code
+        return f"killed by signal {sig}" + ("; out of memory?" if sig == signal.SIGKILL else "")
+    return f"exit code {code}"
 
 
 class Server:
@@ -183,14 +162,12 @@ class Server:
                 self.sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
             self.sock.curve_secretkey = curve_secret_key
             self.sock.curve_server = True
-        self.wake_addr = f"inproc://convmem-rebuild-{id(self)}"
+        self.wake_addr = f"inproc://convmem-loaded-{id(self)}"
         self.wake_recv = self.ctx.socket(zmq.PAIR)
         self.wake_recv.bind(self.wake_addr)
         self.stopping = False
         self.rebuild_id: str | None = None
-        self.rebuild_thread: threading.Thread | None = None
-        self.rebuild_outcome: tuple[str, Any] | None = None  # ("ok", Prepared) | ("error", reply)
-        self.rebuild_cancel = threading.Event()
+        self.rebuild_child: int | None = None  # the pid of the rebuild's forked worker
         self.rebuild_results: dict[str, dict[str, Any]] = {}
         self.rebuild_started = 0.0
         # (pid, log position, started, the segment plan it writes, the segment names it lists)
@@ -315,12 +292,9 @@ class Server:
             events = dict(poller.poll(0 if busy else POLL_MS))
             if self.wake_recv in events:
                 t0 = time.monotonic()
-                if self.wake_recv.recv() == b"loaded":
-                    self._finish_load()
-                    self._note_slow(t0, lambda: "installing the loaded store")
-                else:
-                    self._finish_rebuild()
-                    self._note_slow(t0, lambda: "installing the rebuilt log, snapshot and index")
+                self.wake_recv.recv()
+                self._finish_load()
+                self._note_slow(t0, lambda: "installing the loaded store")
             if self.sock in events:
                 batch = []
                 size = 0
@@ -351,6 +325,12 @@ class Server:
                 t0 = time.monotonic()
                 self._idle_work()
                 self._note_slow(t0, lambda: "idle work (indexing, the prefix list, freeing replaced lists)")
+            if self.rebuild_child is not None:
+                code = children.reap(self.rebuild_child, block=False)
+                if code is not None:
+                    t0 = time.monotonic()
+                    self._finish_rebuild(code)
+                    self._note_slow(t0, lambda: "installing the rebuilt log, snapshot and index")
             if self.store is not None:
                 t0 = time.monotonic()
                 self._background_snapshot()
@@ -479,37 +459,26 @@ class Server:
             return
         tmp = store.snapshot_path + layout.BACKGROUND_SUFFIX
         pos = store.writer.size
-        parent = os.getpid()
         # the index's live postings are frozen here: the child writes them as a segment, and the
         # loop reads the frozen lists until the snapshot naming that segment is installed
         plan, names = store.plan_snapshot()
+
+        def work() -> int:  # in the child: write the frozen image
+            store.write_snapshot_file(tmp, plan)
+            # put in place here, not by the loop: the directory's fsync waits for the disk (0.3 s
+            # when another process writes a lot), and a child killed before this left only a tmp.
+            # The parent kills a running child before a rebuild, so this never lands on a rebuilt log.
+            store.io.replace(tmp, store.snapshot_path)
+            store.io.sync_dir(store.dir)
+            return 0
+
         try:
-            pid = os.fork()
+            pid = children.start(work, delay_env="CONVMEM_FAULT_SNAPSHOT_DELAY_S")
         except OSError as exc:
             LOG.warning("could not fork a background snapshot (%s); will retry later", exc.strerror)
             store.snapshot_records = store.record_count  # do not retry at every request
             store.snapshot_unindexed = 0
             return
-        if pid == 0:  # the child: write the frozen image, never touch the sockets, never return
-            code = 1
-            try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                _detach_snapshot_child(parent)
-                delay = float(os.environ.get("CONVMEM_FAULT_SNAPSHOT_DELAY_S") or 0)
-                if delay > 0:  # a fault-injection seam for tests: a snapshot that takes this long
-                    time.sleep(delay)
-                store.write_snapshot_file(tmp, plan)
-                # put in place here, not by the loop: the directory's fsync waits for the disk (0.3 s
-                # when another process writes a lot), and a child killed before this left only a tmp.
-                # The parent kills a running child before a rebuild, so this never lands on a rebuilt log.
-                store.io.replace(tmp, store.snapshot_path)
-                store.io.sync_dir(store.dir)
-                code = 0
-            except BaseException:
-                pass
-            finally:
-                os._exit(code)
         self.snapshot_child = (pid, pos, time.monotonic(), plan, names)
         # counted as taken now, so that a failing child is not started again at every request
         store.snapshot_records = store.record_count
@@ -518,21 +487,12 @@ class Server:
 
     def _reap_snapshot_child(self, block: bool, kill: bool = False) -> None:
         pid, pos, started, plan, names = self.snapshot_child
-        if kill or time.monotonic() - started > SNAPSHOT_CHILD_MAX_S:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            block = True
-        try:
-            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
-        except ChildProcessError:
-            done, status = pid, 1
-        if done == 0:
+        code = children.reap(pid, block, kill=kill or time.monotonic() - started > SNAPSHOT_CHILD_MAX_S)
+        if code is None:
             return
         self.snapshot_child = None
         tmp = self.store.snapshot_path + layout.BACKGROUND_SUFFIX
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and not kill and not self.store.rebuilding:
+        if code == 0 and not kill and not self.store.rebuilding:
             try:
                 self.store.install_snapshot(None, pos, plan, names, background=True)  # in place: the child
                 LOG.info("background snapshot installed in %.2f s (log position %d)",
@@ -541,7 +501,7 @@ class Server:
             except OSError as exc:
                 LOG.warning("could not install the background snapshot: %s", exc.strerror)
         elif not kill:
-            LOG.warning("background snapshot child failed (status %d)", status)
+            LOG.warning("background snapshot child failed (exit code %d)", code)
         self.store.io.remove(tmp)
 
     def handle(self, frames: list[bytes], envelope: list[bytes] | None = None) -> dict[str, Any] | None:
@@ -654,7 +614,6 @@ class Server:
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         self.store._check_writable()
         self.rebuild_id = rid
-        self.rebuild_outcome = None
         if self.imports:
             # a rebuild refuses mutations: the imports in progress are finished first (_serve starts it
             # then); new ones are answered BUSY meanwhile, so that a steady ingester cannot hold it off
@@ -662,24 +621,37 @@ class Server:
             LOG.info("rebuild %s waits for %d import(s) in progress", rid, len(self.imports))
         else:
             self._start_rebuild()
+        if rid in self.rebuild_results:  # the worker could not be started
+            return self.rebuild_results.pop(rid)
         return self._rebuilding_reply()
 
     def _start_rebuild(self) -> None:
-        # the worker reads message texts beside the loop: no message may move between logs meanwhile
-        self.store.relocate_step(None)
+        """Fork the rebuild's worker (compaction.run_child). It sees the state as it is now, which
+        stays so until the install: mutations are answered BUSY meanwhile. Its tokenising runs on a
+        core of its own, never taking the loop's GIL (a worker thread did, and every request waited
+        behind it); the loop only checks, between requests, whether it has exited."""
+        store = self.store
         if self.snapshot_child is not None:
             self._reap_snapshot_child(block=True, kill=True)  # the rebuild writes a fresh one anyway
-        self.store.rebuilding = True
-        # No cyclic GC while the worker builds a million new objects: every full collection would walk
-        # them all holding the GIL (seconds of stalled requests at 1M). Collection resumes, with the
-        # new structures frozen, when the rebuild ends.
-        gc.disable()
-        self.rebuild_cancel.clear()
+        compaction.discard(store)  # an earlier worker's leftovers are never taken for this one's
+        store.rebuilding = True
+
+        def work() -> int:  # in the child
+            gc.disable()  # it builds millions of objects and exits: collections would only walk them
+            return compaction.run_child(store)
+
         self.rebuild_started = time.monotonic()
-        LOG.info("rebuild %s started (%d messages, log %d bytes)", self.rebuild_id, len(self.store.by_id),
-                 self.store.log_size())
-        self.rebuild_thread = threading.Thread(target=self._rebuild_worker, name="rebuild", daemon=True)
-        self.rebuild_thread.start()
+        try:
+            self.rebuild_child = children.start(work, delay_env="CONVMEM_FAULT_REBUILD_DELAY_S")
+        except OSError as exc:
+            store.rebuilding = False
+            LOG.warning("could not fork the rebuild's worker (%s)", exc.strerror)
+            self._keep_rebuild_result(self.rebuild_id, error_reply(
+                E.BUSY, f"rebuild could not start its worker ({exc.strerror}); retry later", retry_after_ms=1000))
+            self.rebuild_id = None
+            return
+        LOG.info("rebuild %s started (worker pid %d, %d messages, log %d bytes)", self.rebuild_id,
+                 self.rebuild_child, len(store.by_id), store.log_size())
 
     def _start_waiting_rebuild(self) -> None:
         """The rebuild asked for while imports were in progress, once the last is done."""
@@ -700,53 +672,38 @@ class Server:
     def _rebuilding_reply(self) -> dict[str, Any]:
         return {"status": wire.REBUILDING, "rebuild_id": self.rebuild_id, "retry_after_ms": 50}
 
-    def _rebuild_worker(self) -> None:
-        def pause() -> None:
-            if self.rebuild_cancel.is_set():
-                raise RebuildCancelled()
-            time.sleep(0)  # let the request loop take the GIL between batches
-
-        try:
-            self.rebuild_outcome = ("ok", compaction.prepare(self.store, pause))
-        except RebuildCancelled:
-            self.rebuild_outcome = ("cancelled", None)
-        except TextDamaged as exc:
-            self.rebuild_outcome = ("error", error_reply(E.CORRUPT_STORE, f"rebuild stopped: {exc.strerror}; "
-                                                                          f"the store is unchanged, run --salvage"))
-        except OSError as exc:
-            self.rebuild_outcome = ("error", error_reply(E.IO_ERROR, f"rebuild failed writing its files "
-                                                                     f"({exc.strerror or 'I/O error'}); the store is unchanged"))
-        except Exception:
-            LOG.error("rebuild failed:\n%s", traceback.format_exc())
-            self.rebuild_outcome = ("error", error_reply(E.INTERNAL_ERROR, "rebuild failed; the store is unchanged"))
-        wake = self.ctx.socket(zmq.PAIR)
-        wake.connect(self.wake_addr)
-        wake.send(b"done")
-        wake.close(linger=1000)
-
-    def _finish_rebuild(self) -> None:
-        if self.rebuild_thread is not None:
-            self.rebuild_thread.join()
-        kind, value = self.rebuild_outcome or ("error", error_reply(E.INTERNAL_ERROR, "rebuild ended without result"))
+    def _finish_rebuild(self, code: int | None) -> None:
+        """The worker has exited with ``code`` (None: it was cancelled by a stop): install its result."""
+        self.rebuild_child = None
+        store = self.store
+        if code is None:
+            kind, value = "cancelled", None
+        elif code != 0:
+            kind, value = "error", error_reply(E.INTERNAL_ERROR, f"rebuild's worker ended without a result ("
+                                                                  f"{_exit_reason(code)}); the store is unchanged")
+        else:
+            try:
+                kind, value = compaction.read_result(store)
+            except Exception as exc:  # a result that cannot be read or a segment that cannot be mapped
+                LOG.error("rebuild's result could not be read:\n%s", traceback.format_exc())
+                kind, value = "error", error_reply(E.INTERNAL_ERROR, f"rebuild's result could not be read "
+                                                                      f"({type(exc).__name__}); the store is unchanged")
         rid = self.rebuild_id
         if kind == "ok":
             try:
-                reply = compaction.install(self.store, value, background=True)
+                reply = compaction.install(store, value, background=True)
             except OSError as exc:
-                compaction.discard(self.store)
-                self.store.last_error = f"rebuild could not install its files ({exc.strerror or exc})"
+                compaction.discard(store)
+                store.last_error = f"rebuild could not install its files ({exc.strerror or exc})"
                 reply = error_reply(E.IO_ERROR, "rebuild could not install its files; restart the daemon")
-                self.store.broken = self.store.last_error
+                store.broken = store.last_error
             LOG.info("rebuild %s finished in %.2f s: %s", rid, time.monotonic() - self.rebuild_started, reply)
         else:
-            compaction.discard(self.store)
             reply = value if kind == "error" else error_reply(E.BUSY, "rebuild was cancelled by a shutdown",
                                                                retry_after_ms=1000)
             LOG.warning("rebuild %s did not complete: %s", rid, reply)
-        self.store.rebuilding = False
-        gc.freeze()  # the rebuilt structures are long-lived: keep full collections from walking them
-        gc.enable()
-        self.rebuild_thread = None
+        compaction.discard(store)  # the result file, and a failed worker's temps
+        store.rebuilding = False
         self.rebuild_id = None
         if rid is not None:
             self._keep_rebuild_result(rid, reply)
@@ -760,10 +717,9 @@ class Server:
         raise ProtocolError(E.NOT_FOUND, "no rebuild with this rebuild_id is known (the daemon may have restarted)")
 
     def cancel_rebuild(self) -> None:
-        if self.rebuild_thread is not None:
-            self.rebuild_cancel.set()
-            self.rebuild_thread.join()
-            self._finish_rebuild()
+        if self.rebuild_child is not None:
+            children.reap(self.rebuild_child, block=True, kill=True)
+            self._finish_rebuild(None)
 
     def close(self) -> None:
         if self.loader is not None:  # stopped while loading: let the open finish (it may be cutting a torn tail)

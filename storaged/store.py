@@ -858,9 +858,7 @@ class Store:
         copy of the state (the segment it writes is put in its copy of the index, for the dump)."""
         pos = self.writer.size
         if plan is not None:
-            path = self._index.write_segment(plan, self.io, self.dir)
-            self.io.sync_dir(self.dir)  # the file's name is durable before a snapshot names it
-            self._index.adopt(plan, Segment(path, self.io, verify=False))
+            self._index.write_and_adopt(plan, self.io, self.dir)
         msgs = (m.row() for m in self.by_seq.values())
         snapshot.write_file(self.io, tmp, self.snapshot_meta(self.salt, pos), msgs, self._index.dump())
         return pos

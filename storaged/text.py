@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import zlib
+from array import array
 from typing import Any, Callable
 
 import msgpack
@@ -89,6 +90,33 @@ def location_parts(loc: int) -> list[int]:
 def location_from_parts(parts: list[int]) -> int:
     pos, off, length = parts
     return ((pos << TEXT_OFF_BITS) | off) << TEXT_LEN_BITS | length
+
+
+class PackedLocations:
+    """A list of locations as two arrays of u64 (a location is wider than 64 bits once the log is
+    beyond 16 MiB): how a rebuild's forked worker hands the new locations to the daemon as bytes,
+    read back one by one as messages move (``Store.relocate_step``), never all at once."""
+
+    __slots__ = ("_pos", "_rest")
+    _SHIFT = TEXT_OFF_BITS + TEXT_LEN_BITS
+
+    def __init__(self, pos: bytes, rest: bytes) -> None:
+        self._pos, self._rest = array("Q"), array("Q")
+        self._pos.frombytes(pos)
+        self._rest.frombytes(rest)
+        if len(self._pos) != len(self._rest):
+            raise ValueError("the two halves of packed locations differ in length")
+
+    @classmethod
+    def pack(cls, locs: list[int]) -> tuple[bytes, bytes]:
+        shift, mask = cls._SHIFT, (1 << cls._SHIFT) - 1
+        return array("Q", [loc >> shift for loc in locs]).tobytes(), array("Q", [loc & mask for loc in locs]).tobytes()
+
+    def __len__(self) -> int:
+        return len(self._pos)
+
+    def __getitem__(self, i: int) -> int:
+        return self._pos[i] << self._SHIFT | self._rest[i]
 
 
 def span(loc: int) -> tuple[int, int]:

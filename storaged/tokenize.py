@@ -14,8 +14,8 @@ way, so `データベース移行` reaches `本番データベースの移行を
 two-character query is exactly one bigram.
 
 Everything here is a pure function of its input: the caches are thread-safe `functools.lru_cache`s
-and the stemmer is called under a lock, so a rebuild thread can tokenise while the main thread
-queries.  The terms depend on the stemmer: changing it changes the search dump's format string
+and the stemmer is called under a lock, so any thread can tokenise while the main thread queries
+(a lock no other thread holds at a fork either: only the loop's thread tokenises in the daemon).  The terms depend on the stemmer: changing it changes the search dump's format string
 (storaged/search.py), so an index built with another stemmer is never read.
 """
 
@@ -86,7 +86,7 @@ def normalize(text: str) -> str:
 
 
 # One Snowball instance behind a lock: PyStemmer documents that an instance has internal state and must
-# not be called concurrently, and a rebuild thread tokenises beside the main thread.  Only _word_term's
+# not be called concurrently, and threads may tokenise beside each other (in-process tools and tests).  Only _word_term's
 # cache misses get here, so the lock is cheap; PyStemmer's own cache is off, being redundant with it.
 _SNOWBALL = Stemmer.Stemmer("english", 0)
 _SNOWBALL_LOCK = threading.Lock()

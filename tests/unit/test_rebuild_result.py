@@ -1,0 +1,102 @@
+"""What a rebuild's forked worker hands the daemon (``compaction.run_child`` → ``rebuild.tmp`` →
+``read_result``): installed, it gives the store a rebuild in one thread gives, byte for byte on
+disk and message for message in memory; a result that does not match the daemon's state, or a
+failure, changes nothing. In-process: the child's body is run without the fork (the fork itself is
+tests/process/test_rebuild_worker.py's)."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.support.faultio import FaultIO, delete, live_state, search, update, write
+from storaged import compaction, layout
+from storaged.store import Store
+from storaged.text import TEXT_LEN_BITS, TEXT_OFF_BITS, PackedLocations
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _store(d: str) -> Store:
+    s = Store.open(d)
+    ids = [write(s, f"s{i % 3}", f"message {i} 日本語 tokyo{i}" * (i % 5 + 1), tags=[f"t{i % 4}"])["message"]["message_id"]
+           for i in range(60)]
+    for mid in ids[::7]:
+        delete(s, mid)
+    update(s, ids[1], content="edited once")
+    return s
+
+
+def test_packed_locations_hold_locations_wider_than_64_bits():
+    shift = TEXT_OFF_BITS + TEXT_LEN_BITS
+    locs = [0, 1, (1 << 63) + 5, (5_000_000_000 << shift) | (300 << TEXT_LEN_BITS) | 65_000, (1 << 90) + 12345]
+    packed = PackedLocations(*PackedLocations.pack(locs))
+    assert len(packed) == len(locs) and [packed[i] for i in range(len(locs))] == locs
+    with pytest.raises(ValueError):
+        PackedLocations(b"\0" * 8, b"")
+
+
+def test_the_workers_result_installs_what_a_rebuild_in_one_thread_does(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    s = _store(a)
+    s.close()
+    shutil.copytree(a, b)
+    sa, sb = Store.open(a), Store.open(b)
+    compaction.rebuild(sa)
+    assert compaction.run_child(sb) == 0
+    assert os.path.exists(os.path.join(b, layout.REBUILD_RESULT))
+    kind, prepared = compaction.read_result(sb)
+    assert kind == "ok"
+    reply = compaction.install(sb, prepared)
+    compaction.discard(sb)
+    assert reply["status"] == "OK" and reply["messages_indexed"] == len(live_state(sa))
+    assert live_state(sb) == live_state(sa)
+    for q in ("tokyo7", "日本語", "edited"):
+        assert search(sb, query=q) == search(sa, query=q)
+    assert sb.health()["log_size"] == sa.health()["log_size"]
+    sb.relocate_step(None)
+    state, hits = live_state(sb), search(sb, query="tokyo7")
+    sa.close()
+    sb.close()
+    assert not {"log.compact", "snapshot.tmp", layout.REBUILD_RESULT} & set(os.listdir(b))
+    sb = Store.open(b)  # the snapshot the worker wrote, with its segment
+    assert sb.health()["snapshot_valid"] is True and live_state(sb) == state
+    assert search(sb, query="tokyo7") == hits
+    sb.close()
+
+
+def test_a_result_of_another_state_is_refused(tmp_path):
+    """The daemon refuses mutations while its worker runs; if its state moved all the same, the
+    result is refused rather than installed over messages it does not hold."""
+    d = str(tmp_path / "d")
+    s = _store(d)
+    before = live_state(s)
+    compaction.run_child(s)
+    write(s, "late", "written after the worker's fork")
+    kind, reply = compaction.read_result(s)
+    assert kind == "error" and reply["error"]["code"] == "INTERNAL_ERROR", reply
+    assert "unchanged" in reply["error"]["message"]
+    compaction.discard(s)
+    assert len(live_state(s)) == len(before) + 1
+    s.close()
+
+
+def test_a_failed_worker_reports_the_contracts_error_and_leaves_no_temps(tmp_path):
+    d = str(tmp_path / "d")
+    s = _store(d)
+    s.close()
+    io = FaultIO()
+    s = Store.open(d, io=io)
+    before = live_state(s)
+    io.arm(3, kinds=["write"])  # the compacted log's writes fail (ENOSPC)
+    assert compaction.run_child(s) == 0
+    io.arm(None)
+    kind, reply = compaction.read_result(s)
+    assert kind == "error" and reply["error"]["code"] == "IO_ERROR", reply
+    assert "unchanged" in reply["error"]["message"]
+    compaction.discard(s)
+    assert live_state(s) == before
+    assert not {"log.compact", "snapshot.tmp", layout.REBUILD_RESULT} & set(os.listdir(d))
+    assert not [n for n in os.listdir(d) if n.endswith(".seg")]  # no segment was named by anything
+    s.close()
