@@ -34,7 +34,7 @@ import signal
 import threading
 import time
 import traceback
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, Callable, Generator
 
 import zmq
@@ -96,6 +96,9 @@ SLOW_STEP_S = 0.25
 IMPORT_SLICE_S = 0.01
 # imports taken at once (queued in order); more are answered BUSY: each holds its decoded batch
 IMPORTS_MAX = 8
+# the replies kept for retries of imports already stored (Server.import_results); in memory only:
+# a retry after a restart finds its messages stored and is answered "existing" for them
+IMPORT_RESULTS_KEPT = 256
 BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch and import slice, so the queue drains under load too
 # messages moved to a compacted log per idle step / after each batch or import slice (Store.relocate_step;
 # ~1.5 µs each)
@@ -174,8 +177,10 @@ class Server:
         self.snapshot_child: tuple | None = None
         self.snapshot_every_records = SNAPSHOT_EVERY_RECORDS  # 0 turns background snapshots off
         self.handlers: dict[str, Callable[[Any, str], dict[str, Any]]] = {}  # op -> handler(request, rid)
-        # imports in progress, oldest first: (the requester's envelope, the import's steps)
-        self.imports: deque[tuple[list[bytes], Generator[None, None, dict[str, Any]]]] = deque()
+        # imports in progress, oldest first: (the envelopes of its requesters, its request id, its steps)
+        self.imports: deque[tuple[list[list[bytes]], str, Generator[None, None, dict[str, Any]]]] = deque()
+        # the replies of the last imports stored, by request id: what a retry of one is answered
+        self.import_results: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.loader: threading.Thread | None = None
         self._gc_started = 0.0
         self.rebuild_waiting = False  # a rebuild_index asked for while imports were in progress (rebuild_id)
@@ -514,13 +519,21 @@ class Server:
                 raise E.invalid("request must be a single frame")
             op, raw_args, rid, context = wire.decode_envelope(frames[0])
             if op == "import_messages" and envelope is not None and self.store is not None:
+                # A retry (same request id: a client that timed out and sent it again) gets the first
+                # one's reply, its counts included, not "imported 0, existing N" of a second import
+                if rid in self.import_results:
+                    return self.import_results[rid]
+                for envelopes, running, _ in self.imports:
+                    if running == rid:
+                        envelopes.append(envelope)  # answered with it when it is stored
+                        return None
                 if self.rebuild_waiting:
                     raise ProtocolError(E.BUSY, "rebuild_index starts once the imports in progress are done; "
                                                 "retry shortly", retry_after_ms=L.BUSY_RETRY_AFTER_MS)
                 if len(self.imports) >= IMPORTS_MAX:
                     raise ProtocolError(E.BUSY, f"{len(self.imports)} imports are in progress; retry shortly",
                                         retry_after_ms=L.BUSY_RETRY_AFTER_MS)
-                self.imports.append((envelope, self._import_steps(raw_args, rid)))
+                self.imports.append(([envelope], rid, self._import_steps(raw_args, rid)))
                 return None
             args = wire.validate_args(op, raw_args, context)
             if self.store is None:
@@ -561,7 +574,7 @@ class Server:
     def _import_slice(self, budget_s: float | None) -> None:
         """Advance the oldest import in progress for about ``budget_s`` (None: to its end); reply to it
         once it is done. Imports go one after another, in the order they came."""
-        envelope, steps = self.imports[0]
+        envelopes, rid, steps = self.imports[0]
         deadline = None if budget_s is None else time.monotonic() + budget_s
         try:
             while True:
@@ -573,7 +586,12 @@ class Server:
         except Exception as exc:
             reply = self._failure("import_messages", exc)
         self.imports.popleft()
-        self._reply(envelope, reply)
+        if reply.get("status") == "OK":  # a failed one is tried again by a retry
+            self.import_results[rid] = reply
+            while len(self.import_results) > IMPORT_RESULTS_KEPT:
+                self.import_results.popitem(last=False)
+        for envelope in envelopes:
+            self._reply(envelope, reply)
 
     def _loading_reply(self, op: str) -> dict[str, Any]:
         if op == "ping":

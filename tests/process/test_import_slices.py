@@ -125,3 +125,34 @@ def test_a_clean_stop_finishes_the_import_in_progress_and_answers_it(tmp_path):
         d.start()
         with d.client() as c:
             assert c.health()["active_messages"] == BATCH
+
+
+def test_a_retried_import_gets_the_first_ones_reply(tmp_path):
+    """A client that timed out sends its import again with the same request id (Lazy Pirate): while
+    the first is being stored the retry joins it, and after it is stored the retry is answered with
+    its reply — the counts of what that import stored, not "imported 0, existing N" of a second one.
+    Another request id with the same messages is a second import (nothing stored twice)."""
+    batch, rid = _batch("retry"), str(ULID())
+    with Daemon(tmp_path / "data") as d:
+        d.start()
+        with d.client(timeout_ms=60_000) as c:
+            before = c.health()["active_messages"]
+            first: list[dict[str, Any]] = []
+            sender = threading.Thread(target=lambda: first.append(
+                c.call("import_messages", {"messages": batch}, rid=rid, retries=0)), daemon=True)
+            with d.client(timeout_ms=60_000) as watcher, d.client(timeout_ms=60_000) as retry:
+                sender.start()
+                while True:  # until the first is partly stored
+                    n = watcher.health()["active_messages"]
+                    assert n < before + BATCH, "the import ended before the retry could join it"
+                    if n > before:
+                        break
+                joined = retry.call("import_messages", {"messages": batch}, rid=rid, retries=0)
+                sender.join(60)
+                again = retry.call("import_messages", {"messages": batch}, rid=rid, retries=0)
+                other = retry.call("import_messages", {"messages": batch}, retries=0)
+                after = watcher.health()["active_messages"]
+    expected = {"status": "OK", "imported": BATCH, "existing": 0}
+    assert first == [expected] and joined == expected and again == expected
+    assert other == {"status": "OK", "imported": 0, "existing": BATCH}
+    assert after == before + BATCH
