@@ -38,7 +38,6 @@ from . import status as daemon_status
 from .progress import Progress, ProgressLogHandler, format_bytes, format_seconds, say
 
 PAGE = 1000
-BATCH_ENVELOPE_BYTES = 64 * 1024  # op, request id, the args map, msgpack headers: far less than this
 STOP_WAIT_S = 60.0  # a clean stop writes a snapshot first: seconds on a large store
 SKIPPED_SHOWN = 10  # skipped import lines named on stderr (all are counted)
 
@@ -177,7 +176,7 @@ class Admin:
         sessions: list[dict[str, Any]] = []
         origins: dict[str, list[str | None]] = {"messages": [], "sessions": []}
         size = 0
-        budget = L.MAX_REQUEST_BYTES - BATCH_ENVELOPE_BYTES
+        budget = L.IMPORT_BATCH_PREFERRED_BYTES  # a message alone may be bigger: it goes in a batch of its own
 
         async def flush() -> None:
             nonlocal imported, existing, future, batch, sessions, origins, size
@@ -207,7 +206,7 @@ class Admin:
                     raise Failed(f"import_messages: {E.VALIDATION_ERROR}: a message: {problem}") from None
                 self._skip(where, problem)
                 continue
-            if (batch or sessions) and (len(batch) >= L.IMPORT_BATCH_MAX or len(sessions) >= L.IMPORT_BATCH_MAX
+            if (batch or sessions) and (len(batch) >= L.IMPORT_BATCH_PREFERRED or len(sessions) >= L.IMPORT_BATCH_MAX
                                         or size + n > budget):
                 await flush()
             if meta is not None:

@@ -48,7 +48,9 @@ DOCUMENT_HARNESSES = frozenset({gemini.HARNESS})
 FILE_PATTERNS = {claude.HARNESS: "*.jsonl", codex.HARNESS: "rollout-*.jsonl", gemini.HARNESS: "session-*.json"}
 
 BATCH_ENVELOPE_BYTES = 64 * L.KiB
-BATCH_BYTES = L.MAX_REQUEST_BYTES - BATCH_ENVELOPE_BYTES - H.CHECKPOINT_VALUE_MAX_BYTES
+# a batch is sent once it holds IMPORT_BATCH_PREFERRED_BYTES; with one more message (≤ 1 MiB of
+# content) and its checkpoints it stays far below the request's limit
+assert 2 * L.IMPORT_BATCH_PREFERRED_BYTES + BATCH_ENVELOPE_BYTES + H.CHECKPOINT_VALUE_MAX_BYTES <= L.MAX_REQUEST_BYTES
 HEARTBEAT_INTERVAL_S = 10.0
 HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX = 100, 3_600_000   # the interval a heartbeat may state (any --interval works)
 QUIET_TAIL_S = 60.0           # an unfinished last line untouched this long no longer counts as backlog
@@ -598,7 +600,7 @@ class _Sender:
         self.bytes = 0
 
     def full(self) -> bool:
-        return (len(self.messages) >= L.IMPORT_BATCH_MAX or self.bytes >= BATCH_BYTES
+        return (len(self.messages) >= L.IMPORT_BATCH_PREFERRED or self.bytes >= L.IMPORT_BATCH_PREFERRED_BYTES
                 or len(self.checkpoints) >= H.CHECKPOINTS_PER_BATCH_MAX
                 or len(self.sessions) >= H.SESSIONS_PER_BATCH_MAX)
 

@@ -1086,7 +1086,9 @@ def test_ingester_waits_out_the_import_backpressure(env):
     rng = random.Random(5)
     vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 10))) for _ in range(3000)]
     texts = [" ".join(rng.choice(vocab) for _ in range(30)) for _ in range(256)]
-    batches, per_batch = INDEX_QUEUE_MAX // 1000 + 2, 1000
+    # enough batches to fill the queue while the ingester's own (smaller: IMPORT_BATCH_PREFERRED) imports
+    # take turns with them; the loop stops at full_periods_wanted or when the ingester is done
+    batches, per_batch = 3 * (INDEX_QUEUE_MAX // 1000), 1000
     other = [[{"message_id": str(ULID.from_bytes(((BASE << 80) | n).to_bytes(16, "big"))), "session_id": "other-host",
                "role": "user", "timestamp": BASE, "content": texts[n % len(texts)]}
               for n in range(b * per_batch, (b + 1) * per_batch)] for b in range(batches)]
@@ -1121,7 +1123,7 @@ def test_ingester_waits_out_the_import_backpressure(env):
         rep = env.c.call("search_messages", {"query": tok, "limit": 1}, busy_retry=True, deadline=time.monotonic() + 60)
         assert rep["results"] and rep["results"][0]["content"].startswith(tok + " "), rep
     print(f"\nbackpressure: the other importer was answered BUSY {busy_while_ingesting} times ({full_periods} "
-          f"periods) while the ingester ran")
+          f"periods, {sent} batches stored) while the ingester ran")
 
 
 # ===================================================================== 8. convmem-ingest service
