@@ -14,7 +14,8 @@ cyclic GC during the load, the loaded structures frozen), then:
   rebuild   (--rebuild) the rebuild's worker forked as the daemon forks it (``compaction.run_child``),
             the loop meanwhile sleeping 1 ms at a time and polling for its exit (every gap over 50 ms
             is a time a request would have waited: the fork itself, or a machine too busy to run
-            the loop), then ``read_result`` and ``compaction.install`` timed, then the moves
+            the loop), then ``read_result`` and ``compaction.install`` timed (two turns of the
+            loop in the daemon, the collector off in each), then the moves
             (``Store.relocate_step``) step by step.
 
 One run, a shared machine: figures are noisy; compare before and after in the same machine state.
@@ -117,6 +118,7 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
         gaps.append(now - last)
         last = now
     prepare_s = time.perf_counter() - t0
+    gc.disable()  # as Server._rebuild_exited and _finish_rebuild do, each in its own turn of the loop
     t1 = time.perf_counter()
     kind, prepared = compaction.read_result(store)
     read_s = time.perf_counter() - t1
@@ -124,6 +126,7 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
     t1 = time.perf_counter()
     compaction.install(store, prepared, background=True)
     install_s = time.perf_counter() - t1
+    gc.enable()
     compaction.discard(store)
     moves = []
     while True:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import traceback
 from array import array
@@ -191,12 +192,18 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     p.search.retire(store.replace_index(p.search))  # the old one is freed in steps
     store.snapshot_pos = -1
     failure: OSError | None = None
+    # the old snapshot is held open across the rename and closed by a thread: a rename over the last
+    # name of a file nothing holds frees its blocks in the call (35 ms for 68 MB, on the request loop)
+    old_snapshot = _open_if_any(io, store.snapshot_path)
     try:
         io.replace(tmp_snapshot, store.snapshot_path)
         snapshot_installed = True
     except OSError as exc:
         failure, snapshot_installed = exc, False
         _quiet_remove(io, tmp_snapshot)
+    finally:
+        if old_snapshot is not None:
+            threading.Thread(target=io.close, args=(old_snapshot,), name="close-old-snapshot", daemon=True).start()
     try:
         io.sync_dir(store.dir)
     except OSError as exc:
@@ -224,6 +231,13 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
         "bytes_before": p.bytes_before,
         "bytes_after": p.log_size,
     }
+
+
+def _open_if_any(io, path: str) -> int | None:
+    try:
+        return io.open_read(path)
+    except OSError:
+        return None
 
 
 def _quiet_remove(io, path: str) -> None:
