@@ -14,8 +14,8 @@ cyclic GC during the load, the loaded structures frozen), then:
   rebuild   (--rebuild) the rebuild's worker forked as the daemon forks it (``compaction.run_child``),
             the loop meanwhile sleeping 1 ms at a time and polling for its exit (every gap over 50 ms
             is a time a request would have waited: the fork itself, or a machine too busy to run
-            the loop), then ``read_result`` and ``compaction.install`` timed (two turns of the
-            loop in the daemon, the collector off in each), then the moves
+            the loop), then the steps of ``read_result_steps`` and ``compaction.install`` timed
+            (a turn of the loop each in the daemon, the collector off in each), then the moves
             (``Store.relocate_step``) step by step.
 
 One run, a shared machine: figures are noisy; compare before and after in the same machine state.
@@ -119,9 +119,17 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
         last = now
     prepare_s = time.perf_counter() - t0
     gc.disable()  # as Server._rebuild_exited and _finish_rebuild do, each in its own turn of the loop
-    t1 = time.perf_counter()
-    kind, prepared = compaction.read_result(store)
-    read_s = time.perf_counter() - t1
+    reading = compaction.read_result_steps(store)
+    read_steps = []
+    while True:
+        t1 = time.perf_counter()
+        try:
+            next(reading)
+        except StopIteration as done:
+            kind, prepared = done.value
+            break
+        finally:
+            read_steps.append(time.perf_counter() - t1)
     assert kind == "ok", prepared
     t1 = time.perf_counter()
     compaction.install(store, prepared, background=True)
@@ -138,7 +146,7 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
     gaps.sort()
     return {"prepare_s": round(prepare_s, 1), "fork_ms": round(fork_s * 1000, 1), "probe_gaps": len(gaps),
             "gaps_over_50ms": sum(g > 0.05 for g in gaps), "gap_p95_ms": round(gaps[int(len(gaps) * 0.95)] * 1000, 1),
-            "gap_max_ms": round(gaps[-1] * 1000, 1), "read_result_ms": round(read_s * 1000, 1),
+            "gap_max_ms": round(gaps[-1] * 1000, 1), "read_result_steps_ms": [round(x * 1000, 1) for x in read_steps],
             "install_ms": round(install_s * 1000, 1),
             "relocate_steps": len(moves), "relocate_step_max_ms": round(max(moves) * 1000, 1)}
 

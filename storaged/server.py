@@ -174,6 +174,7 @@ class Server:
         # what the worker left, read once it exited and installed at the loop's next turn:
         # ("ok", Prepared) | ("error", reply) | ("cancelled", None)
         self.rebuild_outcome: tuple[str, Any] | None = None
+        self.rebuild_reading: Generator[None, None, tuple[str, Any]] | None = None  # read_result_steps, under way
         self.rebuild_results: dict[str, dict[str, Any]] = {}
         self.rebuild_started = 0.0
         # (pid, log position, started, the segment plan it writes, the segment names it lists)
@@ -296,7 +297,7 @@ class Server:
         while not self.stopping:
             # while an import is in progress, messages move to a compacted log or the search index has a
             # queue, poll without waiting: idle time goes to them
-            busy = self.imports or self.rebuild_outcome or (
+            busy = self.imports or self.rebuild_reading or self.rebuild_outcome or (
                 self.store is not None and (self.store.unindexed or self.store.relocation))
             events = dict(poller.poll(0 if busy else POLL_MS))
             if self.wake_recv in events:
@@ -336,10 +337,14 @@ class Server:
                 self._note_slow(t0, lambda: "idle work (indexing, the prefix list, freeing replaced lists)")
             if self.rebuild_child is not None:
                 code = children.reap(self.rebuild_child, block=False)
-                if code is not None:  # its result is read now and installed at the next turn, so that
-                    t0 = time.monotonic()  # the requests that came meanwhile wait behind one of the two only
+                if code is not None:  # its result is read and installed over the next turns, so that
+                    t0 = time.monotonic()  # the requests that come meanwhile wait behind one step only
                     self._rebuild_exited(code)
                     self._note_slow(t0, lambda: "reading the rebuild's result")
+            elif self.rebuild_reading is not None:
+                t0 = time.monotonic()
+                self._read_rebuild_step()
+                self._note_slow(t0, lambda: "reading the rebuild's result")
             elif self.rebuild_outcome is not None:
                 t0 = time.monotonic()
                 self._finish_rebuild()
@@ -699,9 +704,7 @@ class Server:
         return {"status": wire.REBUILDING, "rebuild_id": self.rebuild_id, "retry_after_ms": 50}
 
     def _rebuild_exited(self, code: int | None) -> None:
-        """The worker has exited with ``code`` (None: killed by a stop): read what it left. No
-        collection meanwhile: it would walk the objects the result is made of (16 ms at 275k
-        messages); they are frozen after the next full collection (``_on_collection``)."""
+        """The worker has exited with ``code`` (None: killed by a stop): start reading what it left."""
         self.rebuild_child = None
         if code is None:
             self.rebuild_outcome = ("cancelled", None)
@@ -710,16 +713,27 @@ class Server:
                 E.INTERNAL_ERROR, f"rebuild's worker ended without a result ({_exit_reason(code)}); "
                                   f"the store is unchanged"))
         else:
-            gc.disable()
-            try:
-                self.rebuild_outcome = compaction.read_result(self.store)
-            except Exception as exc:  # a result that cannot be read or a segment that cannot be mapped
-                LOG.error("rebuild's result could not be read:\n%s", traceback.format_exc())
-                self.rebuild_outcome = ("error", error_reply(
-                    E.INTERNAL_ERROR, f"rebuild's result could not be read ({type(exc).__name__}); "
-                                      f"the store is unchanged"))
-            finally:
-                gc.enable()
+            self.rebuild_reading = compaction.read_result_steps(self.store)
+            self._read_rebuild_step()
+
+    def _read_rebuild_step(self) -> None:
+        """One step of reading the worker's result (one per turn of the loop). No collection meanwhile:
+        it would walk the objects the result is made of (16 ms at 275k messages); they are frozen
+        after the next full collection (``_on_collection``)."""
+        gc.disable()
+        try:
+            next(self.rebuild_reading)
+            return
+        except StopIteration as done:
+            self.rebuild_outcome = done.value
+        except Exception as exc:  # a result that cannot be read or a segment that cannot be mapped
+            LOG.error("rebuild's result could not be read:\n%s", traceback.format_exc())
+            self.rebuild_outcome = ("error", error_reply(
+                E.INTERNAL_ERROR, f"rebuild's result could not be read ({type(exc).__name__}); "
+                                  f"the store is unchanged"))
+        finally:
+            gc.enable()
+        self.rebuild_reading = None
 
     def _finish_rebuild(self) -> None:
         """Install what the worker left (``rebuild_outcome``), or report why there is nothing to."""
@@ -761,6 +775,9 @@ class Server:
         if self.rebuild_child is not None:
             children.reap(self.rebuild_child, block=True, kill=True)
             self._rebuild_exited(None)
+        if self.rebuild_reading is not None:
+            self.rebuild_reading = None
+            self.rebuild_outcome = ("cancelled", None)
         if self.rebuild_outcome is not None:
             if self.rebuild_outcome[0] == "ok":  # read but not installed: the stop comes first
                 self.rebuild_outcome = ("cancelled", None)

@@ -101,9 +101,8 @@ class PackedLocations:
     _SHIFT = TEXT_OFF_BITS + TEXT_LEN_BITS
 
     def __init__(self, pos: bytes, rest: bytes) -> None:
-        self._pos, self._rest = array("Q"), array("Q")
-        self._pos.frombytes(pos)
-        self._rest.frombytes(rest)
+        # views of the bytes given, not copies (each copy of fresh memory is first touches: a cost)
+        self._pos, self._rest = memoryview(pos).cast("Q"), memoryview(rest).cast("Q")
         if len(self._pos) != len(self._rest):
             raise ValueError("the two halves of packed locations differ in length")
 
