@@ -56,7 +56,7 @@ class Prepared:
     bytes_before: int
     seconds: float
     rids: list[list[Any]]               # the request-id window written to the new log
-    msgs: list[Any]                     # the messages written, in that order (Store.relocate_step moves them)
+    seqs: Sequence[int]                 # the seqs of the messages written, in that order (Store.relocate_step moves them)
 
 
 def prepare(store: Store, pause=lambda: None) -> Prepared:
@@ -146,7 +146,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     return Prepared(salt, size, len(msgs), len(checkpoint), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
                     index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0,
-                    rids, msgs)
+                    rids, array("Q", [m.seq for m in msgs]))
 
 
 def install(store: Store, p: Prepared, background: bool = False) -> dict[str, Any]:
@@ -179,7 +179,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     # The messages move to their new locations in steps between requests (Store.relocate_step: ~0.5 s
     # of the loop at 275k messages done at once); until each has moved it reads the old file, which
     # stays open, unlinked, and holds the same texts. live_bytes follows each move.
-    store.start_relocation(text_fd, p.msgs, p.rec_sizes, p.text_locs)
+    store.start_relocation(text_fd, p.seqs, p.rec_sizes, p.text_locs)
     store.checkpoint_bytes = p.checkpoint_bytes
     store.session_meta = {sid: store.session_meta[sid] for sid in p.meta_sizes}
     store.meta_rec_sizes = dict(p.meta_sizes)
@@ -294,7 +294,7 @@ def run_child(store: Store) -> int:
             "loc_pos": pos, "loc_rest": rest, "meta_sizes": list(p.meta_sizes.items()),
             "checkpoint_sizes": [[src, key, n] for (src, key), n in p.checkpoint_sizes.items()],
             "index": p.search.dump(), "records_removed": p.records_removed, "bytes_before": p.bytes_before,
-            "seconds": p.seconds, "rids": p.rids, "last_seq": p.msgs[-1].seq if p.msgs else 0,
+            "seconds": p.seconds, "rids": p.rids, "seqs": memoryview(p.seqs).cast("B"),
         }}
     except Exception as exc:
         result = {"error": failure_reply(exc), "corrupt": store.corrupt,
@@ -314,12 +314,12 @@ def read_result(store: Store) -> tuple[str, Any]:
 
 
 def read_result_steps(store: Store) -> Generator[None, None, tuple[str, Any]]:
-    """("ok", Prepared) or ("error", reply) from a worker that exited 0 (``run_child``), in steps the
-    request loop runs in separate turns (the file read and decoded; the index mapped; the rest): at
-    275k messages the whole took 55-60 ms, most of it first touches of fresh memory. The messages
-    are the store's own, in seq order: the worker wrote them from the same frozen state (checked by
-    count and last seq). A worker that found a damaged text has the store marked damaged here too.
-    The index's segment is mapped without reading it whole (its writer has just fsynced it)."""
+    """("ok", Prepared) or ("error", reply) from a worker that exited 0 (``run_child``), in two steps
+    the request loop runs in separate turns (the file read and decoded; the index mapped): at 275k
+    messages the whole took 55-60 ms at once, most of it first touches of fresh memory. The worker
+    wrote the store's own messages, from the same frozen state: checked by their count and the last
+    seq. A worker that found a damaged text has the store marked damaged here too. The index's
+    segment is mapped without reading it whole (its writer has just fsynced it)."""
     io = store.io
     fd = io.open_read(result_path(store))
     try:  # read, not mapped: a mapping's first touches cost more than the copy
@@ -334,15 +334,15 @@ def read_result_steps(store: Store) -> Generator[None, None, tuple[str, Any]]:
             LOG.error("%s", store.last_error)
         return "error", result["error"]
     r = result["ok"]
-    yield
-    search = SearchIndex.load(r["index"], store.dir, store.io, verify=False)
-    yield
-    msgs = list(store.by_seq.values())
-    if len(msgs) != r["record_count"] or (msgs[-1].seq if msgs else 0) != r["last_seq"]:
+    seqs = memoryview(r["seqs"]).cast("Q")
+    by_seq = store.by_seq
+    if len(seqs) != len(by_seq) or len(seqs) != r["record_count"] or (seqs and seqs[-1] != next(reversed(by_seq))):
         return "error", error_reply(E.INTERNAL_ERROR, "rebuild's worker saw other messages than the store holds; "
                                                       "the store is unchanged")
+    yield
+    search = SearchIndex.load(r["index"], store.dir, store.io, verify=False)
     return "ok", Prepared(
         r["salt"], r["log_size"], r["record_count"], r["checkpoint_bytes"], memoryview(r["rec_sizes"]).cast("Q"),
         PackedLocations(r["loc_pos"], r["loc_rest"]), dict(r["meta_sizes"]),
-        {(src, key): n for src, key, n in r["checkpoint_sizes"]}, search, len(msgs), r["records_removed"],
-        r["bytes_before"], r["seconds"], r["rids"], msgs)
+        {(src, key): n for src, key, n in r["checkpoint_sizes"]}, search, len(seqs), r["records_removed"],
+        r["bytes_before"], r["seconds"], r["rids"], seqs)
