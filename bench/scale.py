@@ -60,6 +60,7 @@ from bench.daemon import Client, Daemon, DaemonExited
 from bench.e2e import mcp_writes
 from bench.history_bench import SqliteHistory, fts_query
 from protocol import history as H
+from protocol import limits as L
 from protocol import wire
 from storaged.server import SNAPSHOT_EVERY_RECORDS
 
@@ -112,6 +113,20 @@ def extra_batches(d: str, skip: int, count: int) -> Iterator[dict[str, Any]]:
             return
 
 
+def as_sent(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A corpus batch (1,000 events) as the ingester and ``convmem import`` send it: pieces of at most
+    IMPORT_BATCH_PREFERRED events, the sessions in the first, the checkpoints in the last."""
+    msgs, step = batch["messages"], L.IMPORT_BATCH_PREFERRED
+    starts = range(0, max(len(msgs), 1), step)
+    for i, at in enumerate(starts):
+        piece: dict[str, Any] = {"messages": msgs[at:at + step]}
+        if i == 0 and batch.get("sessions"):
+            piece["sessions"] = batch["sessions"]
+        if i == len(starts) - 1 and batch.get("checkpoints"):
+            piece["checkpoints"] = batch["checkpoints"]
+        yield piece
+
+
 class Bench:
     """One run: the directory, the daemon (at most one at a time, started when a phase needs it and
     killed by PID in ``close``), the parameters and the results so far."""
@@ -157,12 +172,14 @@ class Bench:
         return proc_mem(self.running().pid)
 
     def import_all(self, c: Client, batches: Iterator[dict[str, Any]]) -> int:
-        """Send batches one at a time (BUSY, e.g. beside a rebuild, waited out); returns events sent."""
+        """Send batches one at a time (BUSY, e.g. beside a rebuild, waited out), each cut to the size
+        our own clients send (``as_sent``); returns events sent."""
         n = 0
         for b in batches:
-            rep = c.call("import_messages", b, busy_retry=True)
-            if not ok(rep):
-                raise RuntimeError(f"import_messages failed: {rep}")
+            for piece in as_sent(b):
+                rep = c.call("import_messages", piece, busy_retry=True)
+                if not ok(rep):
+                    raise RuntimeError(f"import_messages failed: {rep}")
             n += len(b["messages"])
         return n
 

@@ -302,6 +302,7 @@ def test_on_a_terminal_a_skipped_line_is_written_above_the_progress_line(world, 
     assert rc == 0, tty
     assert json.loads(out)["invalid_lines"] == 1
     before, warning = tty.split("convmem: skipped line 1201: ", 1)
-    assert re.search(r"imported: 1,000 \(", before) and before.endswith("\r\x1b[K"), repr(tty)  # cleared first
+    # (batches of IMPORT_BATCH_PREFERRED: the count drawn last depends on the redraw's pace)
+    assert re.search(r"imported: [1-9][\d,]* \(", before) and before.endswith("\r\x1b[K"), repr(tty)  # cleared first
     assert re.match(r"message\.message_id is required\r?\n\rimported: 1,000 \(", warning), repr(warning)  # redrawn
     assert "no id, no role" not in tty
