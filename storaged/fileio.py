@@ -23,8 +23,10 @@ from . import layout
 
 
 LOG = logging.getLogger("convmem.storaged")
-# an fdatasync slower than this is logged: every client of the request loop waited for it (a disk busy
-# with another process's writes is the usual cause; the log line tells it apart from our own work)
+# an fdatasync slower than NOTED_SYNC_S is logged (info; a warning beyond SLOW_SYNC_S): every client of
+# the request loop waited for it (a disk busy with another process's writes is the usual cause; the
+# log line tells it apart from our own work)
+NOTED_SYNC_S = 0.05
 SLOW_SYNC_S = 0.1
 
 
@@ -103,8 +105,9 @@ class FileIO:
         os.fdatasync(fd)
         self.counters.flush_calls += 1
         took = time.monotonic() - t0
-        if took > SLOW_SYNC_S:
-            LOG.warning("an fdatasync took %.0f ms (the disk is busy)", took * 1000)
+        if took > NOTED_SYNC_S:
+            LOG.log(logging.WARNING if took > SLOW_SYNC_S else logging.INFO,
+                    "an fdatasync took %.0f ms (the disk is busy)", took * 1000)
 
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
