@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import traceback
 from array import array
@@ -151,7 +150,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
 
 def install(store: Store, p: Prepared, background: bool = False) -> dict[str, Any]:
     """Swap the prepared files and structures in. Returns the contract's result. ``background``: the
-    request loop installs it, so the old segment files are removed by a thread.
+    request loop installs it, so the old segment files are released a cut at a time by a thread.
 
     Once the new log has been renamed into place the store follows it whatever fails afterwards:
     appending to the old, unlinked file would lose every later write. A failure after that point
@@ -166,10 +165,15 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     except OSError:
         discard(store)
         raise
+    # the old log's blocks are freed a cut at a time once the last message has moved off it
+    # (Store.relocate_step), not by this rename nor by its last close (fileio.RELEASE_STEP_BYTES)
+    old_log = io.open_to_release(store.log_path)
     try:
         io.replace(store.log_path + layout.COMPACT_SUFFIX, store.log_path)
     except OSError:
         io.close(text_fd)
+        if old_log is not None:
+            io.close(old_log)
         discard(store)
         raise
     if store.writer is not None:
@@ -179,7 +183,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     # The messages move to their new locations in steps between requests (Store.relocate_step: ~0.5 s
     # of the loop at 275k messages done at once); until each has moved it reads the old file, which
     # stays open, unlinked, and holds the same texts. live_bytes follows each move.
-    store.start_relocation(text_fd, p.seqs, p.rec_sizes, p.text_locs)
+    store.start_relocation(text_fd, p.seqs, p.rec_sizes, p.text_locs, old_log)
     store.checkpoint_bytes = p.checkpoint_bytes
     store.session_meta = {sid: store.session_meta[sid] for sid in p.meta_sizes}
     store.meta_rec_sizes = dict(p.meta_sizes)
@@ -193,9 +197,10 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     p.search.retire(store.replace_index(p.search))  # the old one is freed in steps
     store.snapshot_pos = -1
     failure: OSError | None = None
-    # the old snapshot is held open across the rename and closed by a thread: a rename over the last
-    # name of a file nothing holds frees its blocks in the call (35 ms for 68 MB, on the request loop)
-    old_snapshot = _open_if_any(io, store.snapshot_path)
+    # the old snapshot is held open across the rename and then freed a cut at a time by a thread: a
+    # rename over the last name of a file nothing holds frees its blocks in the call (35 ms for 68 MB
+    # on the request loop, and every fdatasync meanwhile waited for it)
+    old_snapshot = io.open_to_release(store.snapshot_path)
     try:
         io.replace(tmp_snapshot, store.snapshot_path)
         snapshot_installed = True
@@ -204,7 +209,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
         _quiet_remove(io, tmp_snapshot)
     finally:
         if old_snapshot is not None:
-            threading.Thread(target=io.close, args=(old_snapshot,), name="close-old-snapshot", daemon=True).start()
+            io.release_fd(old_snapshot)
     try:
         io.sync_dir(store.dir)
     except OSError as exc:
@@ -232,13 +237,6 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
         "bytes_before": p.bytes_before,
         "bytes_after": p.log_size,
     }
-
-
-def _open_if_any(io, path: str) -> int | None:
-    try:
-        return io.open_read(path)
-    except OSError:
-        return None
 
 
 def _quiet_remove(io, path: str) -> None:

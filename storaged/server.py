@@ -49,6 +49,7 @@ from protocol.errors import ProtocolError, error_reply
 from protocol.history import HistoryError
 
 from . import children, compaction, layout, views
+from .fileio import release_now
 from .history import HistoryViews
 from .text import TextDamaged
 from .history import handlers as history_handlers
@@ -490,8 +491,13 @@ class Server:
             # put in place here, not by the loop: the directory's fsync waits for the disk (0.3 s
             # when another process writes a lot), and a child killed before this left only a tmp.
             # The parent kills a running child before a rebuild, so this never lands on a rebuilt log.
+            # The old snapshot is cut away a piece at a time after the rename, not freed in it: that
+            # held the journal, and the loop's commits with it (fileio.RELEASE_STEP_BYTES).
+            old = store.io.open_to_release(store.snapshot_path)
             store.io.replace(tmp, store.snapshot_path)
             store.io.sync_dir(store.dir)
+            if old is not None:
+                release_now(old)
             return 0
 
         try:

@@ -66,12 +66,13 @@ IMPORT_SLICE_MESSAGES = 64
 IMPORT_SLICE_BYTES = 1 << 20
 
 
-def _remove_all(io: FileIO, paths: list[str]) -> None:
-    """Remove segment files no longer named; one that cannot be removed stays an orphan, which the
-    next collection (or start) tries again."""
+def _remove_all(io: FileIO, paths: list[str], release: bool = False) -> None:
+    """Remove segment files no longer named (``release``: their blocks freed a cut at a time by a
+    thread, FileIO.release); one that cannot be removed stays an orphan, which the next collection
+    (or start) tries again."""
     for path in paths:
         try:
-            io.remove(path)
+            io.release(path) if release else io.remove(path)
         except OSError as exc:
             LOG.warning("could not remove the unused index segment %s (%s)", path, exc.strerror or exc)
 
@@ -82,10 +83,12 @@ class _Relocation:
     the Message objects: a list of 275k of them took 30 ms of the loop to make (each object's
     refcount touched, cold), and the seqs come from the rebuild's worker as bytes."""
 
-    __slots__ = ("old", "seqs", "rec_sizes", "locs", "done")
+    __slots__ = ("old", "seqs", "rec_sizes", "locs", "done", "old_fd")
 
-    def __init__(self, old: LogText, seqs: Sequence[int], rec_sizes: Sequence[int], locs: Sequence[int]) -> None:
+    def __init__(self, old: LogText, seqs: Sequence[int], rec_sizes: Sequence[int], locs: Sequence[int],
+                 old_fd: int | None) -> None:
         self.old, self.seqs, self.rec_sizes, self.locs, self.done = old, seqs, rec_sizes, locs, 0
+        self.old_fd = old_fd  # the old log open for writing: to free its blocks a cut at a time
 
 
 # an event type's code in Store.etype_codes (0: no live message at that seq)
@@ -869,7 +872,8 @@ class Store:
                          background: bool = False) -> None:
         """Put a written snapshot in place (``tmp`` None: its writer did, a background child), then map
         the segment it was written with (if this process did not write it) and remove the segment
-        files no longer named (in a thread when ``background``: the request loop installs it)."""
+        files no longer named (released a cut at a time by a thread when ``background``: the
+        request loop installs it)."""
         if tmp is not None:
             self.io.replace(tmp, self.snapshot_path)
             self.io.sync_dir(self.dir)
@@ -888,8 +892,10 @@ class Store:
         the snapshot on disk was not read (``snapshot_segments`` None). Never called
         while a rebuild's worker writes its own segment (which nothing names until its install):
         snapshots are neither started nor installed during a rebuild, and a stop cancels it first.
-        Not ``wait``: removed by a thread (unlinking a file frees its blocks: ~70 ms for 200 MB, and
-        a merge's inputs grow with the store; a removal a stop cuts short is an orphan for the next)."""
+        Not ``wait``: each name removed now and the blocks freed a cut at a time by a thread
+        (``FileIO.release``: unlinking a file frees its blocks, ~70 ms for 200 MB, and every fdatasync
+        meanwhile waits for it; a merge's inputs grow with the store). A segment still mapped here is
+        never read again once nothing names it, so cutting its file under the mapping is safe."""
         if self.snapshot_segments is None:
             return
         keep = set(self.snapshot_segments) | set(self._index.segment_names())
@@ -898,10 +904,7 @@ class Store:
         except OSError:
             return
         doomed = [os.path.join(self.dir, name) for name in names if is_segment_name(name) and name not in keep]
-        if wait:
-            _remove_all(self.io, doomed)
-        elif doomed:
-            threading.Thread(target=_remove_all, args=(self.io, doomed), name="remove-segments", daemon=True).start()
+        _remove_all(self.io, doomed, release=not wait)
 
     def write_snapshot(self) -> bool:
         """Save the state for a fast next start (at a clean stop). Skipped when nothing changed."""
@@ -972,11 +975,14 @@ class Store:
             self.writer = None
         if self.relocation is not None:  # nothing reads the old log any more: no need to move anyone
             self.relocation.old.close()
+            if self.relocation.old_fd is not None:
+                self.io.close(self.relocation.old_fd)
             self.relocation = None
         self.log_text.close()
 
     # ------------------------------------------------------------------ after a compaction
-    def start_relocation(self, fd: int, seqs: Sequence[int], rec_sizes: Sequence[int], locs: Sequence[int]) -> None:
+    def start_relocation(self, fd: int, seqs: Sequence[int], rec_sizes: Sequence[int], locs: Sequence[int],
+                         old_fd: int | None = None) -> None:
         """Read new texts from ``fd`` (the compacted log) from now on, and move the messages at ``seqs``
         (every live message when it was written) to their records there in steps (``relocate_step``). Until a
         message has moved it reads the old log, whose descriptor stays open: an unlinked file with the
@@ -984,13 +990,15 @@ class Store:
         self.relocate_step(None)  # a relocation still running (a rebuild right after another) ends first
         old, self.log_text = self.log_text, LogText(self.io, on_damage=self._text_damaged)
         self.log_text.switch(fd, self.salt)
-        self.relocation = _Relocation(old, seqs, rec_sizes, locs)
+        self.relocation = _Relocation(old, seqs, rec_sizes, locs, old_fd)
 
     def relocate_step(self, n: int | None) -> bool:
         """Move up to ``n`` messages (None: all that remain) to the compacted log; True while some
         remain. A message deleted or replaced since the compaction is skipped: its successor was
-        written to the new log (every message still to move reads the old one, ``src``). The old log is closed in a thread: closing the last descriptor of an
-        unlinked file frees its blocks, ~0.1 s for 350 MB, which the loop does not wait for."""
+        written to the new log (every message still to move reads the old one, ``src``). Then the old
+        log's blocks are freed a cut at a time by a thread (``FileIO.release_fd``): closing the last
+        descriptor of an unlinked file frees them all at once, ~0.1 s for 350 MB, and every
+        fdatasync meanwhile waits for it."""
         r = self.relocation
         if r is None:
             return False
@@ -1008,6 +1016,10 @@ class Store:
         if end < len(seqs):
             return True
         self.relocation = None
-        threading.Thread(target=r.old.close, name="close-old-log", daemon=True).start()
+        if r.old_fd is not None:
+            r.old.close()  # not the last descriptor: frees nothing
+            self.io.release_fd(r.old_fd)
+        else:
+            threading.Thread(target=r.old.close, name="close-old-log", daemon=True).start()
         return False
 
