@@ -30,6 +30,7 @@ from . import layout
 from . import log as logfile
 from . import records
 from . import snapshot
+from .fileio import Paced
 from .search import SearchIndex
 from .store import Store
 from .text import PackedLocations, TextDamaged, locate
@@ -81,7 +82,8 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     checkpoint_sizes: dict[tuple[str, str], int] = {}
     fd = io.open_new(tmp_log)
     try:
-        io.write(fd, logfile.make_header(salt) + checkpoint)
+        out = Paced(io, fd)
+        out.write(logfile.make_header(salt) + checkpoint)
         size = logfile.HEADER_SIZE + len(checkpoint)
         batch: list[bytes] = []
         batch_len = 0
@@ -91,7 +93,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
             batch.append(rec)
             batch_len += len(rec)
             if batch_len >= WRITE_BATCH:
-                io.write(fd, b"".join(batch))
+                out.write(b"".join(batch))
                 size += batch_len
                 batch, batch_len = [], 0
                 pause()
@@ -115,7 +117,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
             checkpoint_sizes[(src, key)] = len(rec)
             emit(rec)
         if batch:
-            io.write(fd, b"".join(batch))
+            out.write(b"".join(batch))
             size += batch_len
         io.sync(fd)
     finally:

@@ -12,6 +12,7 @@ reused with its old owner and mode. Files are created 0600.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import mmap
@@ -36,6 +37,12 @@ SLOW_SYNC_S = 0.1
 # machine's ext4; cut 16 MB at a time, the worst was 9.5 ms). RocksDB's DeleteScheduler does the same.
 RELEASE_STEP_BYTES = 16 << 20
 RELEASE_PAUSE_S = 0.01
+# A bulk writer (``Paced``: a snapshot, a segment, a compacted log — tens to hundreds of MB, written by
+# forked children) pushes what it wrote to the disk every PACE_BYTES and waits for it: left to pile up,
+# those pages were flushed by its final fsync in one go, and the loop's fdatasyncs waited behind it (a
+# 96 MB file written beside a loop of small fdatasyncs: their p99 60 ms, 8 ms paced per MiB). RocksDB's
+# bytes_per_sync, LevelDB's and the kernel's own advice for streaming writers.
+PACE_BYTES = 1 << 20
 
 
 @dataclass
@@ -142,6 +149,13 @@ class FileIO:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def writeback(self, fd: int, offset: int, nbytes: int) -> None:
+        """Write ``nbytes`` of ``fd`` from ``offset`` to the disk and wait (``sync_file_range``; an
+        fdatasync where there is none). Not a durability point — no metadata, no disk cache flush:
+        the writer's own fsync still is — only pacing (``Paced``)."""
+        if _sync_file_range is None or _sync_file_range(fd, offset, nbytes, _SFR_WAIT_WRITE) != 0:
+            os.fdatasync(fd)
+
     def open_to_release(self, path: str) -> int | None:
         """A writable descriptor of a file that is about to lose its last name (renamed over), for
         ``release_fd`` once nothing reads it; None if there is no such file."""
@@ -180,6 +194,38 @@ class FileIO:
         self.replace(tmp, path)
         self.sync_dir(os.path.dirname(path) or ".")
 
+
+class Paced:
+    """Writes to a file being filled from its start, pushed to the disk every PACE_BYTES (see there)."""
+
+    __slots__ = ("io", "fd", "pos", "pushed")
+
+    def __init__(self, io: FileIO, fd: int) -> None:
+        self.io, self.fd, self.pos, self.pushed = io, fd, 0, 0
+
+    def write(self, data) -> None:
+        view = memoryview(data).cast("B")
+        for at in range(0, len(view), PACE_BYTES):
+            piece = view[at:at + PACE_BYTES]
+            self.io.write(self.fd, piece)
+            self.pos += len(piece)
+            if self.pos - self.pushed >= PACE_BYTES:
+                self.io.writeback(self.fd, self.pushed, self.pos - self.pushed)
+                self.pushed = self.pos
+
+
+def _load_sync_file_range():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # not Linux: writeback falls back to fdatasync
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _load_sync_file_range()
+_SFR_WAIT_WRITE = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER
 
 _RELEASES: queue.SimpleQueue | None = None
 _RELEASES_LOCK = threading.Lock()

@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from . import layout
-from .fileio import FileIO
+from .fileio import FileIO, Paced
 
 __all__ = ["Segment", "SegmentInvalid", "write", "new_name", "is_segment_name"]
 
@@ -108,11 +108,12 @@ def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], f
         head = HEAD.pack(MAGIC, VERSION, _LITTLE, NFIELDS, len(terms), len(chars), slot_lo, slot_hi)
         head += SECTIONS.pack(*sections)
         crc = zlib.crc32(head, crc)  # the head too (last, so the body's CRC can run as it is made)
-        io.write(fd, head + CRC.pack(crc))
+        out = Paced(io, fd)
+        out.write(head + CRC.pack(crc))
         for raw, pad in chunks:
-            io.write(fd, raw)
+            out.write(raw)
             if pad:
-                io.write(fd, pad)
+                out.write(pad)
         io.sync(fd)
     finally:
         io.close(fd)

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 import msgpack
 
 from . import layout
-from .fileio import FileIO
+from .fileio import FileIO, Paced
 
 MAGIC = b"CVMEMSNP"
 END_MAGIC = b"CVMEMEND"
@@ -72,7 +72,8 @@ def write_file(io: FileIO, tmp: str, meta: dict[str, Any], messages: Iterable[li
     crc = 0
     length = 0
     try:
-        io.write(fd, HEAD.pack(MAGIC, VERSION, 0))
+        out = Paced(io, fd)
+        out.write(HEAD.pack(MAGIC, VERSION, 0))
         pending: list[bytes | memoryview] = []
         pending_len = 0
         for part in itertools.chain((packer.pack(meta), *chunks), pack_pieces(packer, search_dump)):
@@ -81,10 +82,10 @@ def write_file(io: FileIO, tmp: str, meta: dict[str, Any], messages: Iterable[li
             pending.append(part)
             pending_len += len(part)
             if pending_len >= WRITE_AT:
-                io.write(fd, pending[0] if len(pending) == 1 else b"".join(pending))
+                out.write(pending[0] if len(pending) == 1 else b"".join(pending))
                 pending, pending_len = [], 0
         pending.append(TRAILER.pack(length, crc, END_MAGIC))
-        io.write(fd, b"".join(pending))
+        out.write(b"".join(pending))
         io.sync(fd)
     finally:
         io.close(fd)
