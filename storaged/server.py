@@ -672,6 +672,9 @@ class Server:
         core of its own, never taking the loop's GIL (a worker thread did, and every request waited
         behind it); the loop only checks, between requests, whether it has exited."""
         store = self.store
+        # an earlier rebuild's move ends first: once it ends, the log it moves off is cut away
+        # (FileIO.release_fd), and a worker forked before that would read its texts from the cut file
+        store.relocate_step(None)
         if self.snapshot_child is not None:
             self._reap_snapshot_child(block=True, kill=True)  # the rebuild writes a fresh one anyway
         compaction.discard(store)  # an earlier worker's leftovers are never taken for this one's

@@ -173,3 +173,60 @@ def test_a_damaged_text_the_worker_finds_marks_the_store_damaged(tmp_path):
             assert w["status"] == "ERROR" and w["error"]["code"] == "CORRUPT_STORE", w
             assert len(c.history("s1")) > 0
             assert not TEMPS & set(os.listdir(data))
+
+
+def _run_rebuild(server, rid: str) -> dict:
+    """What the request loop does for a rebuild once its worker was forked: reap it, read its
+    result in steps, install it (no relocation step in between: the test decides when it moves)."""
+    from storaged import children
+
+    code = children.reap(server.rebuild_child, block=True)
+    server._rebuild_exited(code)
+    while server.rebuild_reading is not None:
+        server._read_rebuild_step()
+    server._finish_rebuild()
+    return server.rebuild_results[rid]
+
+
+def test_a_rebuild_right_after_another_reads_no_log_the_first_one_frees(tmp_path, monkeypatch):
+    """A rebuild asked for while the messages still move off the log an earlier rebuild replaced
+    (Store.relocate_step): the old log's blocks are cut away once the last has moved, and the new
+    worker, forked before that, must not be left reading texts from the cut file (every text it
+    read there would look damaged: CORRUPT_STORE, and the daemon's store marked damaged).
+    In-process server, a real forked worker."""
+    from ulid import ULID
+
+    from storaged.server import Server
+    from storaged.store import Store
+    from tests.support.faultio import delete, live_state, write
+
+    store = Store.open(str(tmp_path / "data"))
+    server = Server(store, "inproc://convmem-rebuild-twice")
+    try:
+        ids = [write(store, f"s{i % 3}", f"message {i} about tokyo{i}")["message"]["message_id"] for i in range(200)]
+        for mid in ids[::5]:
+            delete(store, mid)
+        before = live_state(store)
+
+        def rebuild() -> str:
+            rep = server.handle([wire.encode_request("rebuild_index", {}, str(ULID()))], [b"peer", b""])
+            assert rep["status"] == wire.REBUILDING, rep
+            return rep["rebuild_id"]
+
+        assert _run_rebuild(server, rebuild())["status"] == "OK"
+        assert store.relocation is not None  # the messages still read the replaced log
+        old_log = os.dup(store.relocation.old_fd)
+        try:
+            monkeypatch.setenv("CONVMEM_FAULT_REBUILD_DELAY_S", "1")  # the worker reads after the cut
+            second = rebuild()
+            store.relocate_step(None)  # the loop's idle steps end the move meanwhile; the old log is cut
+            _wait(lambda: os.fstat(old_log).st_size == 0)
+        finally:
+            os.close(old_log)
+        rep = _run_rebuild(server, second)
+        assert rep["status"] == "OK", rep
+        assert store.corrupt is None and store.health()["status"] == "OK"
+        assert live_state(store) == before
+    finally:
+        server.close()
+        store.close()
