@@ -548,6 +548,9 @@ class Server:
                     return self.import_results[rid]
                 for envelopes, running, _ in self.imports:
                     if running == rid:
+                        if len(envelopes) >= IMPORTS_MAX:  # a client repeating itself: bounded as imports are
+                            raise ProtocolError(E.BUSY, "this import is in progress; retry shortly",
+                                                retry_after_ms=L.BUSY_RETRY_AFTER_MS)
                         envelopes.append(envelope)  # answered with it when it is stored
                         return None
                 if self.rebuild_waiting:

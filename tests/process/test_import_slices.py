@@ -156,3 +156,4 @@ def test_a_retried_import_gets_the_first_ones_reply(tmp_path):
     assert first == [expected] and joined == expected and again == expected
     assert other == {"status": "OK", "imported": 0, "existing": BATCH}
     assert after == before + BATCH
+

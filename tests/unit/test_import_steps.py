@@ -127,6 +127,36 @@ def test_the_loop_takes_at_most_imports_max_imports_and_none_while_a_rebuild_wai
         store.close()
 
 
+def test_retries_of_an_import_join_it_at_most_imports_max_and_get_its_reply(tmp_path):
+    """Requests with the request id of a queued import wait for it (handle answers None), at most
+    IMPORTS_MAX of them, the first included; more are answered BUSY at once. When it is stored every
+    waiting requester gets its reply, and a retry after that gets it too (Server.import_results)."""
+    from ulid import ULID
+
+    from protocol import wire
+    from storaged.server import IMPORTS_MAX, Server
+
+    store = Store.open(str(tmp_path / "data"))
+    server = Server(store, "inproc://convmem-import-retries")
+    sent: list[tuple[list[bytes], dict]] = []
+    server._reply = lambda envelope, reply: sent.append((envelope, reply))  # the socket's side, noted
+    try:
+        rid = str(ULID())
+        frame = [wire.encode_request("import_messages", {"messages": [_msg(k) for k in range(N)]}, rid)]
+        envelopes = [[f"peer{k}".encode(), b""] for k in range(IMPORTS_MAX + 2)]
+        answers = [server.handle(frame, e) for e in envelopes]
+        assert answers[:IMPORTS_MAX] == [None] * IMPORTS_MAX and len(server.imports) == 1
+        assert all(a["error"]["code"] == E.BUSY for a in answers[IMPORTS_MAX:])
+        while server.imports:
+            server._import_slice(None)
+        expected = {"status": "OK", "imported": N, "existing": 0}
+        assert sent == [(e, expected) for e in envelopes[:IMPORTS_MAX]]
+        assert server.handle(frame, envelopes[-1]) == expected and len(store.by_id) == N
+    finally:
+        server.close()
+        store.close()
+
+
 def test_a_failed_append_in_a_later_slice_says_how_much_was_stored(tmp_path):
     """An I/O error storing the second slice is IO_ERROR, and it says the first slice stayed stored (the
     append's own message, "nothing was stored", is true of that slice only)."""
