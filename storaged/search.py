@@ -164,7 +164,7 @@ _INLINE_MERGE_MAX_POSTINGS = 2_000_000
 _RELEASE_STEP = 8192  # objects of replaced frozen lists freed per idle step (~1 ms)
 _RELEASE_STEP_BUSY = 1024  # ... and after each batch of requests, whose clients are waiting (~0.1 ms)
 # live postings that make a snapshot due by themselves (~40k agent events, ~60 MB of lists): what a
-# rebuild leaves in memory is written as a segment by the next background snapshot
+# burst of writes left in memory is written as a segment by the next background snapshot
 _FLUSH_POSTINGS = 4_000_000
 
 
@@ -1450,7 +1450,7 @@ class SearchIndex:
 
     def flush_due(self) -> bool:
         """Whether the live lists hold _FLUSH_POSTINGS or more: worth a snapshot of their own, which
-        writes them as a segment (a rebuilt index is all live lists until then)."""
+        writes them as a segment (a long burst of writes, or an index built in one go in memory)."""
         return self._live_postings() >= _FLUSH_POSTINGS
 
     def segment_names(self) -> list[str]:
@@ -2019,8 +2019,7 @@ class SearchIndex:
             fields.append(
                 {
                     # views, not copies, of arrays made for the dump (nothing resizes them): a copy of
-                    # a rebuilt index's postings is ~100 MiB, one C call holding the GIL while a
-                    # rebuild's worker writes its snapshot beside the request loop
+                    # an index's live postings can be ~100 MiB, one C call holding the GIL
                     "tids": memoryview(tids).cast("B"),
                     "counts": memoryview(counts).cast("B"),
                     "slots": memoryview(all_slots).cast("B"),

@@ -844,7 +844,7 @@ class Store:
     def snapshot_due(self) -> bool:
         """Whether the snapshot on disk is behind: the log grew since, or the search index indexed
         messages the snapshot left queued, or its live lists are big enough to be written as a segment
-        (after a rebuild, whose index is all in memory)."""
+        (SearchIndex.flush_due)."""
         return self.writer is not None and not self.corrupt and not self.broken and self.relocation is None and (
             self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed
             or self.search_flush_due())
