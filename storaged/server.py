@@ -34,7 +34,7 @@ import signal
 import threading
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Any, Callable, Generator
 
 import zmq
@@ -130,6 +130,13 @@ def _after_catch_up(store: Store, handler: Callable[[Any, str | None], dict[str,
     return searching
 
 
+def _remember(results: dict[str, dict[str, Any]], rid: str, reply: dict[str, Any], kept: int) -> None:
+    """Keep ``reply`` as the answer to a retry of request ``rid``, the oldest forgotten past ``kept``."""
+    results[rid] = reply
+    while len(results) > kept:
+        del results[next(iter(results))]
+
+
 def _exit_reason(code: int) -> str:
     if code < 0:
         sig = -code
@@ -187,7 +194,7 @@ class Server:
         # imports in progress, oldest first: (the envelopes of its requesters, its request id, its steps)
         self.imports: deque[tuple[list[list[bytes]], str, Generator[None, None, dict[str, Any]]]] = deque()
         # the replies of the last imports stored, by request id: what a retry of one is answered
-        self.import_results: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.import_results: dict[str, dict[str, Any]] = {}
         self.loader: threading.Thread | None = None
         self._gc_started = 0.0
         self.rebuild_waiting = False  # a rebuild_index asked for while imports were in progress (rebuild_id)
@@ -613,9 +620,7 @@ class Server:
             reply = self._failure("import_messages", exc)
         self.imports.popleft()
         if reply.get("status") == "OK":  # a failed one is tried again by a retry
-            self.import_results[rid] = reply
-            while len(self.import_results) > IMPORT_RESULTS_KEPT:
-                self.import_results.popitem(last=False)
+            _remember(self.import_results, rid, reply, IMPORT_RESULTS_KEPT)
         for envelope in envelopes:
             self._reply(envelope, reply)
 
@@ -712,9 +717,7 @@ class Server:
         self._start_rebuild()
 
     def _keep_rebuild_result(self, rid: str, reply: dict[str, Any]) -> None:
-        self.rebuild_results[rid] = reply
-        while len(self.rebuild_results) > REBUILD_RESULTS_KEPT:
-            self.rebuild_results.pop(next(iter(self.rebuild_results)))
+        _remember(self.rebuild_results, rid, reply, REBUILD_RESULTS_KEPT)
 
     def _rebuilding_reply(self) -> dict[str, Any]:
         return {"status": wire.REBUILDING, "rebuild_id": self.rebuild_id, "retry_after_ms": 50}
@@ -762,7 +765,6 @@ class Server:
             try:
                 reply = compaction.install(store, value, background=True)
             except OSError as exc:
-                compaction.discard(store)
                 store.last_error = f"rebuild could not install its files ({exc.strerror or exc})"
                 reply = error_reply(E.IO_ERROR, "rebuild could not install its files; restart the daemon")
                 store.broken = store.last_error

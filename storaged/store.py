@@ -70,9 +70,10 @@ def _remove_all(io: FileIO, paths: list[str], release: bool = False) -> None:
     """Remove segment files no longer named (``release``: their blocks freed a cut at a time by a
     thread, FileIO.release); one that cannot be removed stays an orphan, which the next collection
     (or start) tries again."""
+    remove = io.release if release else io.remove
     for path in paths:
         try:
-            io.release(path) if release else io.remove(path)
+            remove(path)
         except OSError as exc:
             LOG.warning("could not remove the unused index segment %s (%s)", path, exc.strerror or exc)
 
