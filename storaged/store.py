@@ -20,12 +20,13 @@ clock and request-id window).
 from __future__ import annotations
 
 import logging
+import itertools
 import os
 import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Iterable, Sequence
 
 import numpy as np
 
@@ -292,11 +293,14 @@ class Store:
         LOG.info("the snapshot was rewritten in format %d", snapshot.VERSION)
 
     def _load_snapshot(self, salt: bytes, log_size: int) -> int:
+        reader = None
         try:
-            meta, messages, search_dump = snapshot.read(self.io, self.snapshot_path)
+            reader = snapshot.Reader(self.io, self.snapshot_path)
+            meta = reader.meta
             if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
-            self._index = SearchIndex.load(search_dump, self.dir, self.io)
+            self._index = SearchIndex.load(reader.search_dump, self.dir, self.io)
+            reader.search_dump = None
             self.snapshot_segments = self._index.segment_names()
         except (snapshot.SnapshotOutdated, DumpOutdated) as exc:
             LOG.warning("the snapshot is of an earlier format (%s): replaying the whole log once; a snapshot "
@@ -304,12 +308,37 @@ class Store:
             self.snapshot_outdated = True
             self.snapshot_valid = False  # until _migrate_snapshot replaces it
             self.snapshot_segments = []  # formats before segments name none
+            if reader is not None:
+                reader.close()
             return logfile.HEADER_SIZE
         except (snapshot.SnapshotInvalid, ValueError, KeyError, TypeError) as exc:
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
             self.snapshot_valid = False
             self._index = SearchIndex()
+            if reader is not None:
+                reader.close()
             return logfile.HEADER_SIZE
+        except BaseException:
+            if reader is not None:
+                reader.close()
+            raise
+        try:
+            return self._load_snapshot_state(meta, reader)
+        except (snapshot.SnapshotInvalid, ValueError, KeyError, TypeError, IndexError) as exc:
+            # Its checksum held, so only a bug or a checksum collision gets here, half-way through the
+            # rows: start again from a fresh state and replay the whole log, as for any unusable snapshot.
+            LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
+            cursor_key = self.cursor_key
+            self.__init__(self.dir, self.io)  # type: ignore[misc]
+            self.cursor_key = cursor_key
+            self.salt = salt
+            self.log_text.open(self.log_path, salt)
+            self.snapshot_valid = False
+            return logfile.HEADER_SIZE
+        finally:
+            reader.close()
+
+    def _load_snapshot_state(self, meta: dict[str, Any], reader: snapshot.Reader) -> int:
         self.last_seq = meta["last_seq"]
         last_id, last_ms = meta["clock"]
         rejected = self.clock.rejected
@@ -328,7 +357,7 @@ class Store:
             self.meta_bytes += size
         self.ingest.load(meta.get("checkpoints", ()))
         self.unindexed.extend(meta.get("unindexed", ()))
-        self._bulk_load(messages)
+        self._bulk_load(reader.chunks())
         if clock_poisoned:
             # the snapshot's clock lies beyond the bound (written before the bound existed): recover
             # the newest plausible id and time from the messages themselves
@@ -483,14 +512,14 @@ class Store:
         self.metadata_bytes += msg.metadata_bytes()
         self.entry_bytes += msg.entry_bytes()
 
-    def _bulk_load(self, rows: list[list[Any]]) -> None:
-        """_insert for a snapshot's messages (in creation order, search index already loaded):
-        the same structures, minus the per-message work a snapshot makes unnecessary."""
+    def _bulk_load(self, chunks: Iterable[list[list[Any]]]) -> None:
+        """_insert for a snapshot's messages (chunks of rows in creation order, search index already
+        loaded): the same structures, minus the per-message work a snapshot makes unnecessary."""
         by_id, by_seq, sessions, relations = self.by_id, self.by_seq, self.sessions, self.relations
         from_row, src = Message.from_row, self.log_text
         note_etype = self._note_etype
         live = 0
-        for row in rows:
+        for row in itertools.chain.from_iterable(chunks):
             msg = from_row(row, src)
             by_id[msg.message_id] = msg
             by_seq[msg.seq] = msg

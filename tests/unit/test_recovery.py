@@ -17,6 +17,7 @@ from protocol.errors import ProtocolError
 from storaged import compaction
 from storaged import log as logfile
 from storaged import records
+from storaged import snapshot
 from storaged.fileio import FileIO
 from storaged.salvage import salvage
 from storaged.store import Store
@@ -406,6 +407,37 @@ def test_bad_snapshot_falls_back_to_full_replay(tmp_path, damage):
     s.close()
 
 
+def test_a_snapshot_whose_rows_fail_half_way_is_dropped_whole(tmp_path):
+    """The rows are decoded and loaded a chunk at a time (snapshot.Reader), so a row that cannot be
+    loaded although the checksum holds (a bug, a checksum collision) is met after others were loaded:
+    the start drops all of them and replays the whole log, as for any unusable snapshot."""
+    d = str(tmp_path)
+    expected = make_snapshotted(d)
+    path = os.path.join(d, "snapshot")
+    meta, rows, dump = snapshot.read(FileIO(), path)
+    assert len(rows) >= 3
+    rows[-1] = rows[-1][:3]  # too few fields for a message row
+    snapshot.write(FileIO(), path, meta, rows, dump)
+    s = Store.open(d)
+    assert s.health()["snapshot_valid"] is False
+    assert_same(s, *expected)
+    s.close()
+
+
+def test_snapshot_rows_stream_in_chunks_of_at_most_chunk_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(snapshot, "CHUNK", 2)
+    d = str(tmp_path)
+    expected = make_snapshotted(d)
+    with snapshot.Reader(FileIO(), os.path.join(d, "snapshot")) as reader:
+        sizes = [len(chunk) for chunk in reader.chunks()]
+        assert reader.meta["chunks"] == len(sizes) >= 2 and max(sizes) == 2
+        assert reader.search_dump["format"]
+    s = Store.open(d)
+    assert s.snapshot_valid
+    assert_same(s, *expected)
+    s.close()
+
+
 # Words whose stems under the hand-written Porter stemmer (the terms of a `convmem-search/1` dump, the
 # release before PyStemmer) differ from their English Snowball stems (today's query terms).
 PORTER_TERMS = {"generous": "gener", "fair": "fairli", "die": "dy"}
@@ -416,7 +448,6 @@ def test_a_search_dump_of_an_earlier_stemmer_is_never_read_and_replaced_at_once(
     """A snapshot whose search dump is `convmem-search/1` holds Porter's terms, which today's queries
     never make: the start ignores it, replays the log, and writes a snapshot with the current dump."""
     from storaged import search as S
-    from storaged import snapshot
 
     d = str(tmp_path)
     s = Store.open(d)
