@@ -57,6 +57,7 @@ class Prepared:
     seconds: float
     rids: list[list[Any]]               # the request-id window written to the new log
     seqs: Sequence[int]                 # the seqs of the messages written, in that order (Store.relocate_step moves them)
+    rows_name: str                      # the row segment (a base) the new snapshot names
 
 
 def prepare(store: Store, pause=lambda: None) -> Prepared:
@@ -135,19 +136,24 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     # the new index as one segment: the snapshot names it, and the daemon maps it at the install
     # instead of holding a rebuilt index's millions of objects (and a start maps it too)
     plan = index.plan()
+    rows_name = snapshot.rows_name()
+    meta["rows"] = [[rows_name, len(msgs)]]
     try:
         if plan is not None:
             index.write_and_adopt(plan, io, store.dir)
         snap_fields = (m.row(loc, rs) for m, loc, rs in zip(msgs, text_locs, rec_sizes))
-        snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, snap_fields, index.dump())
+        snapshot.write_rows(io, os.path.join(store.dir, rows_name), snap_fields, (), base=True)
+        io.sync_dir(store.dir)
+        snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, (), index.dump())
     except BaseException:
-        if plan is not None:  # nothing names it (the caller discards the other temps)
-            _quiet_remove(io, os.path.join(store.dir, plan.name))
+        # nothing names them (the caller discards the other temps)
+        for name in ([plan.name] if plan is not None else []) + [rows_name]:
+            _quiet_remove(io, os.path.join(store.dir, name))
         raise
     return Prepared(salt, size, len(msgs), len(checkpoint), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
                     index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0,
-                    rids, array("Q", [m.seq for m in msgs]))
+                    rids, array("Q", [m.seq for m in msgs]), rows_name)
 
 
 def install(store: Store, p: Prepared, background: bool = False) -> dict[str, Any]:
@@ -231,7 +237,12 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     if failure is not None:
         raise failure
     store.snapshot_pos = p.log_size if snapshot_installed else -1
-    store.snapshot_segments = p.search.segment_names() if snapshot_installed else []
+    # the new snapshot's base holds every row (mutations were refused since the worker's fork); without
+    # it, no base of this log is on disk and the next snapshot writes one
+    store.row_segments = [[p.rows_name, p.record_count]] if snapshot_installed else None
+    store.rows_changed, store.rows_deleted = set(), set()
+    store.rows_tracked = snapshot_installed
+    store.snapshot_segments = [*p.search.segment_names(), p.rows_name] if snapshot_installed else []
     store.collect_segments(wait=not background)
     store.snapshot_records = store.record_count
     store.snapshot_unindexed = 0
@@ -298,7 +309,7 @@ def run_child(store: Store) -> int:
             "loc_pos": pos, "loc_rest": rest, "meta_sizes": list(p.meta_sizes.items()),
             "checkpoint_sizes": [[src, key, n] for (src, key), n in p.checkpoint_sizes.items()],
             "index": p.search.dump(), "records_removed": p.records_removed, "bytes_before": p.bytes_before,
-            "seconds": p.seconds, "rids": p.rids, "seqs": memoryview(p.seqs).cast("B"),
+            "seconds": p.seconds, "rids": p.rids, "seqs": memoryview(p.seqs).cast("B"), "rows_name": p.rows_name,
         }}
     except Exception as exc:
         result = {"error": failure_reply(exc), "corrupt": store.corrupt,
@@ -349,4 +360,4 @@ def read_result_steps(store: Store) -> Generator[None, None, tuple[str, Any]]:
         r["salt"], r["log_size"], r["record_count"], r["checkpoint_bytes"], memoryview(r["rec_sizes"]).cast("Q"),
         PackedLocations(r["loc_pos"], r["loc_rest"]), dict(r["meta_sizes"]),
         {(src, key): n for src, key, n in r["checkpoint_sizes"]}, search, len(seqs), r["records_removed"],
-        r["bytes_before"], r["seconds"], r["rids"], seqs)
+        r["bytes_before"], r["seconds"], r["rids"], seqs, r["rows_name"])

@@ -20,7 +20,7 @@ from protocol.config import CURVE_CLIENTS_DIR, DAEMON_LOG_NAME, HTTP_TOKEN_NAME,
 
 __all__ = [
     "LOG", "SNAPSHOT", "LOCK", "CURSOR_KEY", "STORE_ID", "HTTP_TOKEN", "DAEMON_LOG", "RUN_DIR", "SOCKET", "PID", "CURVE_CLIENTS",
-    "SEGMENT_PREFIX", "SEGMENT_SUFFIX", "REBUILD_RESULT",
+    "SEGMENT_PREFIX", "SEGMENT_SUFFIX", "ROWS_PREFIX", "REBUILD_RESULT",
     "TMP_SUFFIX", "NEW_SUFFIX", "COMPACT_SUFFIX", "BACKGROUND_SUFFIX", "LOCK_SUFFIX", "DAMAGED_PREFIX",
     "damaged_copy_name", "leftovers",
 ]
@@ -42,6 +42,9 @@ CURVE_CLIENTS = CURVE_CLIENTS_DIR  # curve/clients/*.key: the CURVE allow-list
 # does not name them is in place (Store.collect_segments).
 SEGMENT_PREFIX = "index."
 SEGMENT_SUFFIX = ".seg"
+# rows.<16 hex digits>.seg: an immutable row segment (storaged/snapshot.py: a base or a delta of the
+# snapshot's message rows), kept and removed by the same rules as the index's segments
+ROWS_PREFIX = "rows."
 # rebuild.tmp: what a rebuild's forked worker hands the daemon (the new log's figures, the text
 # locations, the new index's dump), read once the worker has exited; never part of the store
 REBUILD_RESULT = "rebuild.tmp"

@@ -70,7 +70,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from storaged.segment import Segment, SegmentInvalid, is_segment_name, new_name as new_segment_name, write as segment_write
+from storaged.segment import Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name, write as segment_write
 from storaged.tokenize import index_terms, query_runs
 
 __all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex", "SegmentPlan"]
@@ -2067,7 +2067,7 @@ class SearchIndex:
             raise SegmentInvalid("the dump names segments but no directory to find them in")
         at = 0
         for name, lo, hi in listed:
-            if not isinstance(name, str) or not is_segment_name(name) or os.sep in name:
+            if not isinstance(name, str) or not is_index_segment_name(name) or os.sep in name:
                 raise SegmentInvalid(f"not a segment name: {name!r}")
             seg = Segment(os.path.join(directory, name), io, verify)
             if (seg.slot_lo, seg.slot_hi) != (lo, hi) or lo != at:

@@ -39,7 +39,7 @@ import numpy as np
 from . import layout
 from .fileio import FileIO, Paced
 
-__all__ = ["Segment", "SegmentInvalid", "write", "new_name", "is_segment_name"]
+__all__ = ["Segment", "SegmentInvalid", "write", "new_name", "is_segment_name", "is_index_segment_name"]
 
 MAGIC = b"CMSEG\x00\x00\x01"
 VERSION = 1
@@ -65,6 +65,11 @@ def new_name() -> str:
 
 
 def is_segment_name(name: str) -> bool:
+    """An index segment's or a row segment's name (both kept while a snapshot or the index names them)."""
+    return name.startswith((layout.SEGMENT_PREFIX, layout.ROWS_PREFIX)) and name.endswith(layout.SEGMENT_SUFFIX)
+
+
+def is_index_segment_name(name: str) -> bool:
     return name.startswith(layout.SEGMENT_PREFIX) and name.endswith(layout.SEGMENT_SUFFIX)
 
 

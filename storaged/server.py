@@ -491,7 +491,7 @@ class Server:
         pos = store.writer.size
         # the index's live postings are frozen here: the child writes them as a segment, and the
         # loop reads the frozen lists until the snapshot naming that segment is installed
-        plan, names = store.plan_snapshot()
+        plan = store.plan_snapshot()
 
         def work() -> int:  # in the child: write the frozen image
             store.write_snapshot_file(tmp, plan)
@@ -511,17 +511,18 @@ class Server:
             pid = children.start(work, delay_env="CONVMEM_FAULT_SNAPSHOT_DELAY_S")
         except OSError as exc:
             LOG.warning("could not fork a background snapshot (%s); will retry later", exc.strerror)
+            store.abandon_snapshot(plan)
             store.snapshot_records = store.record_count  # do not retry at every request
             store.snapshot_unindexed = 0
             return
-        self.snapshot_child = (pid, pos, time.monotonic(), plan, names)
+        self.snapshot_child = (pid, pos, time.monotonic(), plan)
         # counted as taken now, so that a failing child is not started again at every request
         store.snapshot_records = store.record_count
         store.snapshot_unindexed = len(store.unindexed)
         LOG.info("background snapshot started (pid %d, log position %d)", pid, pos)
 
     def _reap_snapshot_child(self, block: bool, kill: bool = False) -> None:
-        pid, pos, started, plan, names = self.snapshot_child
+        pid, pos, started, plan = self.snapshot_child
         code = children.reap(pid, block, kill=kill or time.monotonic() - started > SNAPSHOT_CHILD_MAX_S)
         if code is None:
             return
@@ -529,7 +530,7 @@ class Server:
         tmp = self.store.snapshot_path + layout.BACKGROUND_SUFFIX
         if code == 0 and not kill and not self.store.rebuilding:
             try:
-                self.store.install_snapshot(None, pos, plan, names, background=True)  # in place: the child
+                self.store.install_snapshot(None, pos, plan, background=True)  # in place: the child
                 LOG.info("background snapshot installed in %.2f s (log position %d)",
                          time.monotonic() - started, pos)
                 return
@@ -537,6 +538,7 @@ class Server:
                 LOG.warning("could not install the background snapshot: %s", exc.strerror)
         elif not kill:
             LOG.warning("background snapshot child failed (exit code %d)", code)
+        self.store.abandon_snapshot(plan)
         self.store.io.remove(tmp)
 
     def handle(self, frames: list[bytes], envelope: list[bytes] | None = None) -> dict[str, Any] | None:

@@ -6,9 +6,18 @@ its checksum, or that belongs to another log (a different salt), is ignored and 
 Layout: ``magic | version`` then a stream of msgpack objects (meta, message chunks, search index),
 then a trailer ``u64 body length | u32 crc32(body) | end magic``. Written in chunks (so a rebuild
 worker never holds the GIL for long) to a temporary file, fsync'ed, renamed into place.
+
+Since version 6 the snapshot is a manifest: its message rows are in row segments
+(``rows.<16 hex>.seg``, ``write_rows``), immutable files it names in ``meta["rows"]``, oldest first.
+The first holds every row of its time (a base); each later one only the rows written or changed
+since the one before it and the seqs deleted since (a delta). A snapshot therefore writes what
+changed, not every row: at 5M messages a full rewrite is over a gigabyte, and that is what kept
+snapshots rare and the tail a start after a crash replays long. A reader merges them by seq, the
+newest row of a seq winning (``Reader.rows``).
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import os
 import struct
@@ -29,8 +38,12 @@ END_MAGIC = b"CVMEMEND"
 # 5: the search index dump names the segment files that hold most postings (storaged/segment.py); a
 # 4 is read as one without segments (its dump holds every posting), so it needs no migration, but a
 # daemon of the release before refuses a 5 (it would read an index without the segments' postings).
-VERSION = 5
-READABLE_VERSIONS = (4, 5)
+# 6: the rows are in row segments the manifest names (``meta["rows"]``); a 6 may still hold its rows
+# inline (tools and tests write those), read as a 5 is. A daemon of the release before refuses a 6.
+VERSION = 6
+READABLE_VERSIONS = (4, 5, 6)
+ROWS_MAGIC = b"CVMEMROW"
+ROWS_VERSION = 1
 OUTDATED_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
@@ -56,27 +69,75 @@ def write(io: FileIO, path: str, meta: dict[str, Any], messages: Iterable[list[A
 
 
 def write_file(io: FileIO, tmp: str, meta: dict[str, Any], messages: Iterable[list[Any]], search_dump: Any) -> int:
-    """Write and fsync ``tmp`` (not yet in place). ``meta`` gains ``chunks``."""
+    """Write and fsync ``tmp`` (not yet in place). ``meta`` gains ``chunks``. The store writes
+    manifests (no ``messages``; ``meta["rows"]`` names the row segments); rows given here are
+    inline, and ``meta["rows"]`` is then dropped."""
     packer = msgpack.Packer(use_bin_type=True)
-    chunks: list[bytes] = []
+    chunks = list(_chunks(packer, messages))
+    meta = dict(meta, chunks=len(chunks))
+    if chunks:
+        meta.pop("rows", None)
+    return _write_framed(io, tmp, MAGIC, VERSION, itertools.chain(
+        (packer.pack(meta), *chunks), pack_pieces(packer, search_dump)))
+
+
+def _chunks(packer: msgpack.Packer, rows: Iterable[list[Any]]) -> Iterator[bytes]:
     batch: list[list[Any]] = []
-    for fields in messages:
+    for fields in rows:
         batch.append(fields)
         if len(batch) >= CHUNK:
-            chunks.append(packer.pack(batch))
+            yield packer.pack(batch)
             batch = []
     if batch:
-        chunks.append(packer.pack(batch))
-    meta = dict(meta, chunks=len(chunks))
-    fd = io.open_new(tmp)
+        yield packer.pack(batch)
+
+
+def rows_name() -> str:
+    """A fresh row segment's name (random: never one a crash left on disk)."""
+    return layout.ROWS_PREFIX + os.urandom(8).hex() + layout.SEGMENT_SUFFIX
+
+
+def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[int], base: bool) -> int:
+    """Write and fsync a row segment at ``path`` (a new name; the directory's fsync is the caller's):
+    ``rows`` in seq order, then ``dead``, the seqs deleted since the segment before it. A delta
+    (not ``base``) also lists its rows' seqs, so that a reader knows which rows of older segments it
+    replaces before decoding any. Streamed: a base at 5M rows is never in memory at once. Returns
+    the number of rows.
+
+    Body: ``chunk* [] tail`` — the chunks, an empty one ending them, and ``tail = {"rows": n,
+    "dead": [seq*], "seqs": [seq*] | nil}``; framed like a snapshot with ``ROWS_MAGIC``."""
+    packer = msgpack.Packer(use_bin_type=True)
+    seqs: list[int] = []
+    count = 0
+
+    def counted() -> Iterator[list[Any]]:
+        nonlocal count
+        for row in rows:
+            count += 1
+            if not base:
+                seqs.append(row[2])
+            yield row
+
+    def parts() -> Iterator[bytes]:
+        yield from _chunks(packer, counted())
+        yield packer.pack([])
+        yield packer.pack({"rows": count, "dead": list(dead), "seqs": None if base else seqs})
+
+    _write_framed(io, path, ROWS_MAGIC, ROWS_VERSION, parts())
+    return count
+
+
+def _write_framed(io: FileIO, path: str, magic: bytes, version: int, parts: Iterable[bytes | memoryview]) -> int:
+    """``head body trailer`` to a new file ``path``, paced and fsynced; returns its size."""
+    fd = io.open_new(path)
     crc = 0
     length = 0
     try:
         out = Paced(io, fd)
-        out.write(HEAD.pack(MAGIC, VERSION, 0))
+        out.write(HEAD.pack(magic, version, 0))
         pending: list[bytes | memoryview] = []
         pending_len = 0
-        for part in itertools.chain((packer.pack(meta), *chunks), pack_pieces(packer, search_dump)):
+        for part in parts:
             crc = zlib.crc32(part, crc)
             length += len(part)
             pending.append(part)
@@ -123,60 +184,155 @@ def pack_pieces(packer: msgpack.Packer, obj: Any) -> Iterator[bytes | memoryview
 
 class Reader:
     """An open, verified snapshot, decoded on demand: ``meta`` and ``search_dump`` at once, the
-    message rows a chunk at a time (``chunks``). At 275k messages, decoding every row into one list
+    message rows one at a time (``rows``). At 275k messages, decoding every row into one list
     before building the messages held 440 MiB of msgpack objects at the peak, and the allocator kept
-    most of it after they were freed (they lay between the messages built from them): one chunk at a
-    time, the garbage of each is reused by the next. The file is mapped, not copied into an Unpacker's
-    buffer. Close it (or use ``with``) when done."""
+    most of it after they were freed (they lay between the messages built from them): a chunk at a
+    time, the garbage of each is reused by the next. The files are mapped, not copied into an
+    Unpacker's buffer. Every row segment the manifest names is opened and verified here, before any
+    row is read, so a missing or damaged one makes the whole snapshot invalid up front. Close it
+    (or use ``with``) when done."""
 
     def __init__(self, io: FileIO, path: str) -> None:
-        self._buf = io.read_all(path)
+        self._file = _Framed(io, path, MAGIC)
+        self.segments: list[_RowSegment] = []
         try:
-            self._body = _verified_body(self._buf)
-            self._offset = 0
-            unpacker = self._unpacker()
+            unpacker = self._file.unpacker()
             self.meta: dict[str, Any] = unpacker.unpack()
             self._rows_at = unpacker.tell()
             for _ in range(self.meta["chunks"]):
                 unpacker.skip()
             self.search_dump: Any = unpacker.unpack()
+            # [[name, rows], ...] oldest first (a base, then deltas); None: the rows are inline
+            self.row_segments: list[list[Any]] | None = None
+            if self._file.version >= 6 and not self.meta["chunks"] and "rows" in self.meta:
+                self.row_segments = [[str(name), int(n)] for name, n in self.meta["rows"]]
+                directory = os.path.dirname(path) or "."
+                for name, n in self.row_segments:
+                    if os.path.basename(name) != name or not name.startswith(layout.ROWS_PREFIX):
+                        raise SnapshotInvalid(f"snapshot names a row segment {name!r} outside the directory")
+                    segment = _RowSegment(io, os.path.join(directory, name))
+                    self.segments.append(segment)
+                    if segment.tail["rows"] != n:
+                        raise SnapshotInvalid(f"row segment {name} holds {segment.tail['rows']} rows, not {n}")
         except SnapshotInvalid:
             self.close()
             raise
+        except OSError as exc:
+            self.close()
+            raise SnapshotInvalid(f"a row segment could not be read ({exc.strerror or exc})") from None
         except Exception as exc:  # a checksum collision or a bug must not stop the start: replay instead
             self.close()
             raise SnapshotInvalid(f"snapshot could not be decoded: {type(exc).__name__}") from None
 
-    def _unpacker(self, at: int = 0) -> msgpack.Unpacker:
-        limit = len(self._body) + 1
-        return msgpack.Unpacker(_Slices(self._body, at), raw=False, use_list=True,
-                                read_size=min(WRITE_AT, limit), max_buffer_size=limit)
+    def rows(self) -> Iterator[list[Any]]:
+        """The message rows (field lists) in seq order, the newest of each seq; raises
+        SnapshotInvalid if one cannot be decoded."""
+        if self.row_segments is None:
+            yield from _decoded(self._file.unpacker(self._rows_at), self.meta["chunks"])
+            return
+        segments = self.segments
+        # which delta holds each seq's newest row, and after which segment a seq is deleted: deltas
+        # are small, so this is cheap, and the base's rows are filtered against it as they stream
+        newest: dict[int, int] = {}
+        killed: dict[int, int] = {}
+        for i, segment in enumerate(segments):
+            if i:
+                for seq in segment.tail["seqs"]:
+                    newest[seq] = i
+            for seq in segment.tail["dead"]:
+                killed[seq] = i
 
-    def chunks(self) -> Iterator[list[list[Any]]]:
-        """The message rows (field lists, in creation order), a chunk (at most CHUNK rows) at a time;
-        raises SnapshotInvalid if one cannot be decoded."""
-        unpacker = self._unpacker(self._rows_at)
-        for _ in range(self.meta["chunks"]):
-            try:
-                chunk = unpacker.unpack()
-            except Exception as exc:
-                raise SnapshotInvalid(f"snapshot could not be decoded: {type(exc).__name__}") from None
-            if not isinstance(chunk, list):
-                raise SnapshotInvalid("snapshot message chunk is not a list")
-            yield chunk
+        def live(i: int, rows: Iterator[list[Any]]) -> Iterator[list[Any]]:
+            for row in rows:
+                seq = row[2]
+                if newest.get(seq, 0) == i and killed.get(seq, -1) < i:
+                    yield row
+
+        streams = [live(i, segment.rows()) for i, segment in enumerate(segments)]
+        yield from streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_seq_of)
 
     def close(self) -> None:
-        body, self._body = getattr(self, "_body", None), None
-        if body is not None:
-            body.release()
-        if hasattr(self._buf, "close"):
-            self._buf.close()
+        for segment in self.segments:
+            segment.close()
+        self._file.close()
 
     def __enter__(self) -> "Reader":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _seq_of(row: list[Any]) -> int:
+    return row[2]
+
+
+class _RowSegment:
+    """One row segment (``write_rows``), verified and its tail read at open."""
+
+    def __init__(self, io: FileIO, path: str) -> None:
+        self._file = _Framed(io, path, ROWS_MAGIC, (ROWS_VERSION,))
+        try:
+            unpacker = self._file.unpacker()
+            while unpacker.unpack() != []:
+                pass
+            self.tail: dict[str, Any] = unpacker.unpack()
+            if not isinstance(self.tail.get("rows"), int) or not isinstance(self.tail.get("dead"), list):
+                raise SnapshotInvalid(f"row segment {os.path.basename(path)} has a bad tail")
+        except SnapshotInvalid:
+            self.close()
+            raise
+        except Exception as exc:
+            self.close()
+            raise SnapshotInvalid(f"row segment {os.path.basename(path)} could not be decoded: "
+                                  f"{type(exc).__name__}") from None
+
+    def rows(self) -> Iterator[list[Any]]:
+        return _decoded(self._file.unpacker(), None)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _decoded(unpacker: msgpack.Unpacker, chunks: int | None) -> Iterator[list[Any]]:
+    """The rows of ``chunks`` chunks (None: until the empty chunk that ends a row segment's)."""
+    done = 0
+    while chunks is None or done < chunks:
+        try:
+            chunk = unpacker.unpack()
+        except Exception as exc:
+            raise SnapshotInvalid(f"snapshot could not be decoded: {type(exc).__name__}") from None
+        if not isinstance(chunk, list):
+            raise SnapshotInvalid("snapshot message chunk is not a list")
+        if chunks is None and not chunk:
+            return
+        done += 1
+        yield from chunk
+
+
+class _Framed:
+    """A mapped file in the snapshot's framing, its head, length and checksum verified."""
+
+    def __init__(self, io: FileIO, path: str, magic: bytes, versions: tuple[int, ...] = READABLE_VERSIONS) -> None:
+        self._buf = io.read_all(path)
+        self._body: memoryview | None = None
+        try:
+            self.version, self._body = _verified_body(self._buf, magic, versions)
+        except BaseException:
+            self.close()
+            raise
+
+    def unpacker(self, at: int = 0) -> msgpack.Unpacker:
+        limit = len(self._body) + 1
+        return msgpack.Unpacker(_Slices(self._body, at), raw=False, use_list=True,
+                                read_size=min(WRITE_AT, limit), max_buffer_size=limit)
+
+    def close(self) -> None:
+        body, self._body = self._body, None
+        if body is not None:
+            body.release()
+        if hasattr(self._buf, "close"):
+            self._buf.close()
 
 
 class _Slices:
@@ -194,17 +350,18 @@ class _Slices:
         return bytes(self._view[at:end])
 
 
-def _verified_body(buf) -> memoryview:
-    """The body between head and trailer, once its magic numbers, version, length and checksum hold."""
+def _verified_body(buf, magic: bytes, versions: tuple[int, ...]) -> tuple[int, memoryview]:
+    """(version, the body between head and trailer), once the magic numbers, version, length and
+    checksum hold."""
     if len(buf) < HEAD.size + TRAILER.size:
         raise SnapshotInvalid("snapshot is too short")
-    magic, version, _ = HEAD.unpack_from(buf, 0)
+    got_magic, version, _ = HEAD.unpack_from(buf, 0)
     length, crc, end_magic = TRAILER.unpack_from(buf, len(buf) - TRAILER.size)
-    if magic != MAGIC or end_magic != END_MAGIC:
+    if got_magic != magic or end_magic != END_MAGIC:
         raise SnapshotInvalid("snapshot has a bad magic number")
-    if version in OUTDATED_VERSIONS:
+    if magic == MAGIC and version in OUTDATED_VERSIONS:
         raise SnapshotOutdated(f"snapshot format {version} predates text read from the log")
-    if version not in READABLE_VERSIONS:
+    if version not in versions:
         raise SnapshotInvalid(f"snapshot format {version} is not known")
     if HEAD.size + length + TRAILER.size != len(buf):
         raise SnapshotInvalid("snapshot length does not match its trailer")
@@ -212,12 +369,11 @@ def _verified_body(buf) -> memoryview:
     if zlib.crc32(body) != crc:
         body.release()
         raise SnapshotInvalid("snapshot checksum does not match")
-    return body
+    return version, body
 
 
 def read(io: FileIO, path: str) -> tuple[dict[str, Any], list[list[Any]], Any]:
     """(meta, every message's field list, search dump) at once, for tools and tests; raises
     SnapshotInvalid. The store streams its rows instead (``Reader``)."""
     with Reader(io, path) as reader:
-        messages = [row for chunk in reader.chunks() for row in chunk]
-        return reader.meta, messages, reader.search_dump
+        return reader.meta, list(reader.rows()), reader.search_dump

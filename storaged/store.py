@@ -20,13 +20,12 @@ clock and request-id window).
 from __future__ import annotations
 
 import logging
-import itertools
 import os
 import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Any, Callable, Generator, Iterable, Sequence
+from typing import Any, Callable, Generator, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -104,6 +103,28 @@ def check_revision(msg: Message, expected: int | None) -> None:
         raise ProtocolError(E.CONFLICT, "expected_revision does not match the message's current revision")
 
 
+# A snapshot writes a base of every row instead of one more delta once there would be this many row
+# segments, or once the deltas' rows would pass half the base's (and this many)
+ROW_SEGMENTS_MAX = 8
+ROW_DELTA_MIN = 1024
+
+
+class SnapshotPlan(NamedTuple):
+    """What a snapshot writes (Store.plan_snapshot): the index segment and the index's segment names
+    after it, the row segment (None: the rows did not change), whether it is a base (every row) or
+    a delta (the rows of ``rows_seqs``, and ``rows_dead``), the row segments the manifest names,
+    and the changed seqs it took from the store (given back by ``abandon_snapshot``)."""
+    index: SegmentPlan | None
+    index_names: list[str]
+    rows_name: str | None
+    rows_base: bool
+    rows_seqs: list[int]
+    rows_dead: list[int]
+    rows_after: list[list[Any]]
+    changed: set[int]
+    deleted: set[int]
+
+
 class Store:
     def __init__(self, data_dir: str, io: FileIO | None = None) -> None:
         self.dir = os.path.abspath(data_dir)
@@ -177,6 +198,17 @@ class Store:
         # the index segment files the snapshot on disk names; None while unknown (a snapshot that was
         # not read: a salvage, or one ignored for a reason that may pass) — then none is ever removed
         self.snapshot_segments: list[str] | None = None
+        # The row segments the snapshot on disk names ([[name, rows], ...], oldest first; snapshot.py),
+        # None while no base of the current rows is known to be on disk (none read, a salvage, a
+        # snapshot with its rows inline): the next snapshot then writes a base. ``rows_changed``:
+        # the seqs written or replaced since the last snapshot was planned, ``rows_deleted``: those
+        # deleted since — what the next delta holds.
+        self.row_segments: list[list[Any]] | None = None
+        self.rows_changed: set[int] = set()
+        self.rows_deleted: set[int] = set()
+        # whether they are kept: not while the next snapshot writes a base anyway (a full replay of
+        # millions of messages would fill them for nothing), from the first plan or loaded row segments on
+        self.rows_tracked = False
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
         self.group_commit = False
@@ -301,7 +333,9 @@ class Store:
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
             self._index = SearchIndex.load(reader.search_dump, self.dir, self.io)
             reader.search_dump = None
-            self.snapshot_segments = self._index.segment_names()
+            self.row_segments = reader.row_segments
+            self.rows_tracked = reader.row_segments is not None
+            self.snapshot_segments = self._index.segment_names() + [name for name, _ in reader.row_segments or ()]
         except (snapshot.SnapshotOutdated, DumpOutdated) as exc:
             LOG.warning("the snapshot is of an earlier format (%s): replaying the whole log once; a snapshot "
                         "of the current format is written right after", exc)
@@ -357,7 +391,7 @@ class Store:
             self.meta_bytes += size
         self.ingest.load(meta.get("checkpoints", ()))
         self.unindexed.extend(meta.get("unindexed", ()))
-        self._bulk_load(reader.chunks())
+        self._bulk_load(reader.rows())
         if clock_poisoned:
             # the snapshot's clock lies beyond the bound (written before the bound existed): recover
             # the newest plausible id and time from the messages themselves
@@ -506,20 +540,22 @@ class Store:
         if msg.ext is not None:
             self.touches.add(msg)
         self.unindexed.append(msg.seq)
+        if self.rows_tracked:
+            self.rows_changed.add(msg.seq)
         self._note_etype(msg.seq, msg.etype)
         self.live_bytes += msg.rec_size
         self.body_bytes += msg.body_bytes()
         self.metadata_bytes += msg.metadata_bytes()
         self.entry_bytes += msg.entry_bytes()
 
-    def _bulk_load(self, chunks: Iterable[list[list[Any]]]) -> None:
-        """_insert for a snapshot's messages (chunks of rows in creation order, search index already
-        loaded): the same structures, minus the per-message work a snapshot makes unnecessary."""
+    def _bulk_load(self, rows: Iterable[list[Any]]) -> None:
+        """_insert for a snapshot's messages (rows in creation order, search index already loaded):
+        the same structures, minus the per-message work a snapshot makes unnecessary."""
         by_id, by_seq, sessions, relations = self.by_id, self.by_seq, self.sessions, self.relations
         from_row, src = Message.from_row, self.log_text
         note_etype = self._note_etype
         live = 0
-        for row in itertools.chain.from_iterable(chunks):
+        for row in rows:
             msg = from_row(row, src)
             by_id[msg.message_id] = msg
             by_seq[msg.seq] = msg
@@ -563,9 +599,12 @@ class Store:
 
     def _remove(self, msg: Message, keep_slot: bool = False, track_order: bool = True) -> None:
         del self.by_id[msg.message_id]
-        if not keep_slot:
+        if not keep_slot:  # else replaced: _insert marks the new row
             del self.by_seq[msg.seq]
             self.etype_codes[msg.seq] = 0
+            if self.rows_tracked:
+                self.rows_changed.discard(msg.seq)
+                self.rows_deleted.add(msg.seq)
         session = self.sessions[msg.session_id]
         span = (session.min_ts, session.max_ts)
         session.remove(msg, self.by_seq)
@@ -879,27 +918,69 @@ class Store:
             self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed
             or self.search_flush_due())
 
-    def plan_snapshot(self, inline: bool = False) -> tuple[SegmentPlan | None, list[str]]:
+    def plan_snapshot(self, inline: bool = False) -> "SnapshotPlan":
         """Before a snapshot: freeze the search index's live postings and plan the segment the
-        snapshot writes (SearchIndex.plan), and the segment names the snapshot will list. Called
-        by the process that keeps the store (before a background snapshot's fork, or ``inline``:
-        a snapshot this thread writes itself, whose merges stay small)."""
-        plan = self._index.plan(inline)
-        return plan, self._index.names_after(plan)
+        snapshot writes (SearchIndex.plan), and the row segment: a delta of the rows changed since
+        the last snapshot, or a base of every row when there is no base on disk, or when the deltas
+        would reach half of it or ROW_SEGMENTS_MAX files (so a start reads at most ~1.5× the rows,
+        and every row is rewritten a bounded number of times). Called by the process that keeps the
+        store (before a background snapshot's fork, or ``inline``: a snapshot this thread writes
+        itself, whose merges stay small). The changed rows are taken from the store's sets here:
+        ``abandon_snapshot`` puts them back if the snapshot is never installed."""
+        index_plan = self._index.plan(inline)
+        changed, deleted = self.rows_changed, self.rows_deleted
+        plan_deleted = deleted
+        self.rows_changed, self.rows_deleted = set(), set()
+        self.rows_tracked = True  # what changes from here on goes into the snapshot after this one
+        segments = self.row_segments
+        seqs = sorted(seq for seq in changed if seq in self.by_seq)
+        base = segments is None or len(segments) >= ROW_SEGMENTS_MAX or (
+            sum(n for _, n in segments[1:]) + len(seqs) > max(ROW_DELTA_MIN, segments[0][1] // 2))
+        if base:
+            name = snapshot.rows_name()
+            rows_after = [[name, len(self.by_seq)]]
+            seqs, deleted = [], set()
+        elif seqs or deleted:
+            name = snapshot.rows_name()
+            rows_after = [*segments, [name, len(seqs)]]
+        else:
+            name = None
+            rows_after = list(segments)
+        return SnapshotPlan(index_plan, self._index.names_after(index_plan), name, base, seqs, sorted(deleted),
+                            rows_after, changed, plan_deleted)
 
-    def write_snapshot_file(self, tmp: str, plan: SegmentPlan | None) -> int:
-        """Write (and fsync) ``plan``'s segment, then the current state to ``tmp``, not yet in place.
-        Returns the log position it covers. Used directly by a forked child, which sees a frozen
-        copy of the state (the segment it writes is put in its copy of the index, for the dump)."""
+    def abandon_snapshot(self, plan: "SnapshotPlan") -> None:
+        """A planned snapshot that was not installed: its changed rows go into the next one. (A seq
+        deleted since is skipped then: only live seqs are written.)"""
+        self.rows_changed |= plan.changed
+        self.rows_deleted |= plan.deleted
+
+    def write_snapshot_file(self, tmp: str, plan: "SnapshotPlan") -> int:
+        """Write (and fsync) ``plan``'s index segment and row segment, then the manifest to ``tmp``,
+        not yet in place. Returns the log position it covers. Used directly by a forked child, which
+        sees a frozen copy of the state (the index segment it writes is put in its copy of the index,
+        for the dump)."""
         pos = self.writer.size
-        if plan is not None:
-            self._index.write_and_adopt(plan, self.io, self.dir)
-        msgs = (m.row() for m in self.by_seq.values())
-        snapshot.write_file(self.io, tmp, self.snapshot_meta(self.salt, pos), msgs, self._index.dump())
+        if plan.index is not None:
+            self._index.write_and_adopt(plan.index, self.io, self.dir)
+        if plan.rows_name is not None:
+            path = os.path.join(self.dir, plan.rows_name)
+            if plan.rows_base:
+                rows = (m.row() for m in self.by_seq.values())
+            else:
+                by_seq = self.by_seq
+                rows = (by_seq[seq].row() for seq in plan.rows_seqs)
+            try:
+                snapshot.write_rows(self.io, path, rows, plan.rows_dead, plan.rows_base)
+                self.io.sync_dir(self.dir)
+            except BaseException:
+                _remove_all(self.io, [path])
+                raise
+        meta = dict(self.snapshot_meta(self.salt, pos), rows=plan.rows_after)
+        snapshot.write_file(self.io, tmp, meta, (), self._index.dump())
         return pos
 
-    def install_snapshot(self, tmp: str | None, pos: int, plan: SegmentPlan | None, names: list[str],
-                         background: bool = False) -> None:
+    def install_snapshot(self, tmp: str | None, pos: int, plan: "SnapshotPlan", background: bool = False) -> None:
         """Put a written snapshot in place (``tmp`` None: its writer did, a background child), then map
         the segment it was written with (if this process did not write it) and remove the segment
         files no longer named (released a cut at a time by a thread when ``background``: the
@@ -908,10 +989,12 @@ class Store:
             self.io.replace(tmp, self.snapshot_path)
             self.io.sync_dir(self.dir)
         self.snapshot_pos = pos
-        self.snapshot_segments = list(names)
-        if plan is not None and plan.name not in self._index.segment_names():
+        self.row_segments = [list(entry) for entry in plan.rows_after]
+        self.snapshot_segments = [*plan.index_names, *(name for name, _ in plan.rows_after)]
+        index_plan = plan.index
+        if index_plan is not None and index_plan.name not in self._index.segment_names():
             try:
-                self._index.adopt(plan, Segment(os.path.join(self.dir, plan.name), self.io, verify=False))
+                self._index.adopt(index_plan, Segment(os.path.join(self.dir, index_plan.name), self.io, verify=False))
             except (OSError, ValueError) as exc:  # the frozen postings go on serving; a later snapshot writes them
                 LOG.warning("the new index segment could not be mapped (%s); keeping its postings in memory", exc)
         self.collect_segments(wait=not background)
@@ -942,8 +1025,12 @@ class Store:
         if not self.snapshot_due():
             return False
         tmp = self.snapshot_path + layout.TMP_SUFFIX
-        plan, names = self.plan_snapshot(inline=True)
-        self.install_snapshot(tmp, self.write_snapshot_file(tmp, plan), plan, names)
+        plan = self.plan_snapshot(inline=True)
+        try:
+            self.install_snapshot(tmp, self.write_snapshot_file(tmp, plan), plan)
+        except BaseException:
+            self.abandon_snapshot(plan)
+            raise
         self.snapshot_records = self.record_count
         self.snapshot_unindexed = len(self.unindexed)
         return True

@@ -21,6 +21,7 @@ from protocol.errors import ProtocolError
 from storaged import compaction
 from storaged import log as logfile
 from storaged.fileio import FileIO
+from storaged.segment import is_segment_name
 from storaged.store import Store
 
 pytestmark = pytest.mark.timeout(120)
@@ -127,7 +128,9 @@ def test_exception_at_every_step_of_a_rebuild(tmp_path, template):
             failed = False
         except OSError:
             failed = True
-        assert failed == (k < total), (k, total, io.log)
+        # removing a segment file nothing names any more is best effort (an orphan is collected later)
+        best_effort = k < total and io.log[k][1] in ("remove", "release") and is_segment_name(os.path.basename(io.log[k][2]))
+        assert failed == (k < total and not best_effort), (k, total, io.log)
         # what a restart right now would find
         disk = shutil.copytree(d, str(tmp_path / f"k{k}-disk"))
         seen.add(check_old_or_new(disk, template))
@@ -200,5 +203,7 @@ def test_failed_rebuild_leaves_no_temporary_files(tmp_path, template):
         try:
             compaction.rebuild(s)
         except OSError:
-            assert sorted(os.listdir(d)) == ["cursor.key", "log", "snapshot"]
+            # what the store had: its log, its snapshot and the row segment that names
+            assert sorted(os.listdir(d)) == sorted(os.listdir(template["dir"]))
+            assert {n.split(".")[0] for n in os.listdir(d)} == {"cursor", "log", "snapshot", "rows"}
         s.close()

@@ -110,9 +110,10 @@ def test_a_rebuild_pushes_its_files_to_the_disk_as_it_writes(tmp_path):
     store.relocate_step(None)
     state = live_state(store)
     store.close()
-    segment = next(n for n in os.listdir(d) if n.endswith(layout.SEGMENT_SUFFIX))
+    segment = next(n for n in os.listdir(d) if n.startswith(layout.SEGMENT_PREFIX))
+    rows = next(n for n in os.listdir(d) if n.startswith(layout.ROWS_PREFIX))
     assert {"log.compact", segment} <= set(io.pushed), io.pushed
-    for name, final in (("log.compact", "log"), (segment, segment), ("snapshot.tmp", "snapshot")):
+    for name, final in (("log.compact", "log"), (segment, segment), (rows, rows), ("snapshot.tmp", "snapshot")):
         ranges, size = io.pushed.get(name, []), os.path.getsize(os.path.join(d, final))
         # contiguous from the start, PACE_BYTES or more each, the whole file but its last piece
         assert not ranges or ranges[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:]))

@@ -424,17 +424,23 @@ def test_a_snapshot_whose_rows_fail_half_way_is_dropped_whole(tmp_path):
     s.close()
 
 
-def test_snapshot_rows_stream_in_chunks_of_at_most_chunk_rows(tmp_path, monkeypatch):
+def test_inline_snapshot_rows_stream_in_chunks_of_at_most_chunk_rows(tmp_path, monkeypatch):
+    """A snapshot with its rows inline (a tool's, or a release before row segments) streams them a
+    chunk at a time, and the next snapshot writes them as a base row segment."""
     monkeypatch.setattr(snapshot, "CHUNK", 2)
     d = str(tmp_path)
     expected = make_snapshotted(d)
-    with snapshot.Reader(FileIO(), os.path.join(d, "snapshot")) as reader:
-        sizes = [len(chunk) for chunk in reader.chunks()]
-        assert reader.meta["chunks"] == len(sizes) >= 2 and max(sizes) == 2
-        assert reader.search_dump["format"]
+    path = os.path.join(d, "snapshot")
+    meta, rows, dump = snapshot.read(FileIO(), path)
+    snapshot.write(FileIO(), path, meta, rows, dump)
+    with snapshot.Reader(FileIO(), path) as reader:
+        assert reader.row_segments is None and reader.meta["chunks"] == (len(rows) + 1) // 2 >= 2
+        assert list(reader.rows()) == rows
     s = Store.open(d)
-    assert s.snapshot_valid
+    assert s.snapshot_valid and s.row_segments is None
     assert_same(s, *expected)
+    write(s, "s", "one more")
+    assert s.write_snapshot() and len(s.row_segments) == 1 and s.row_segments[0][1] == len(s.by_id)
     s.close()
 
 

@@ -1,5 +1,5 @@
 """The stores written by earlier releases (before issue 15's format change; before the search index's
-segments), opened in-process.
+segments; before row segments), opened in-process.
 
 The same fixture and expectations as ``tests/process/test_release_store.py`` (``fixtures/make_store.py``
 says how they were made), read through ``Store.open`` and ``Store.by_id`` instead of a daemon, so that a
@@ -12,7 +12,7 @@ import os
 import pytest
 
 from storaged.store import Store
-from tests.support.release_store import RELEASES, STORE, STORE_SNAP4, copy_store, without_event
+from tests.support.release_store import RELEASES, STORE, STORE_SNAP4, STORE_SNAP5, copy_store, without_event
 
 pytestmark = pytest.mark.unit
 
@@ -70,8 +70,8 @@ def test_the_first_start_migrates_the_snapshot_once(tmp_path):
 
 def test_a_snapshot_before_segments_is_read_as_it_is_and_the_next_one_writes_a_segment(tmp_path):
     """The release before segments wrote snapshot 4, whose dump holds every posting: the start reads it
-    (no replay of what it covers), searches find what they found, and the next snapshot is a 5 whose
-    postings are in a segment file, which the start after that maps."""
+    (no replay of what it covers), searches find what they found, and the next snapshot is a 6 whose
+    postings are in a segment file (and its rows in a row segment, since 6), which the start after that maps."""
     from storaged import snapshot
     from storaged.search import _MemPart
 
@@ -91,13 +91,45 @@ def test_a_snapshot_before_segments_is_read_as_it_is_and_the_next_one_writes_a_s
     assert first.write_snapshot()  # as the daemon's clean stop does
     first.close()
     with open(d / "snapshot", "rb") as f:
-        assert snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1] == snapshot.VERSION == 5
+        assert snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1] == snapshot.VERSION == 6
     again = Store.open(str(d))
     names = again.search.segment_names()
     assert again.snapshot_valid and again.snapshot_pos == again.log_size() and len(names) == 1
     assert not any(isinstance(p, _MemPart) for p in again.search._parts)
-    assert sorted(n for n in os.listdir(d) if n.endswith(".seg")) == names
+    assert sorted(n for n in os.listdir(d) if n.startswith("index.")) == names
+    # its rows are in one row segment (a base), which it names
+    assert [n for n in os.listdir(d) if n.startswith("rows.")] == [again.row_segments[0][0]]
+    assert again.row_segments[0][1] == len(again.by_id)
     assert finds(again) == before
+    for m in expected["messages"]:
+        assert again.by_id[m["message_id"]].to_dict() == without_event(m)
+    again.close()
+
+
+def test_a_snapshot_with_inline_rows_is_read_as_it_is_and_the_next_one_writes_a_base_row_segment(tmp_path):
+    """The release before row segments wrote snapshot 5 (rows inline, the index in segment files): the
+    start reads it (no replay of what it covers), and the next snapshot is a 6 whose rows are one base
+    row segment, which the start after that reads, with the same messages and searches."""
+    from storaged import snapshot
+
+    d = copy_store(STORE_SNAP5, tmp_path / "d")
+    expected = RELEASES[STORE_SNAP5.name][1]
+    with open(d / "snapshot", "rb") as f:
+        assert snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1] == 5
+    first = Store.open(str(d))
+    assert first.snapshot_valid and not first.snapshot_outdated and first.snapshot_pos < first.log_size()
+    assert first.row_segments is None and first.search.segment_names()
+    hits = {w: [h.doc for h in first.search.search(w, 50)] for w in ("migration", "移行", "postgres")}
+    assert all(hits.values())
+    assert first.write_snapshot()
+    first.close()
+    with open(d / "snapshot", "rb") as f:
+        assert snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1] == snapshot.VERSION == 6
+    again = Store.open(str(d))
+    assert again.snapshot_valid and again.snapshot_pos == again.log_size()
+    [[name, n]] = again.row_segments
+    assert n == len(again.by_id) == len(expected["messages"]) and (d / name).exists()
+    assert {w: [h.doc for h in again.search.search(w, 50)] for w in hits} == hits
     for m in expected["messages"]:
         assert again.by_id[m["message_id"]].to_dict() == without_event(m)
     again.close()

@@ -1,0 +1,218 @@
+"""The snapshot's rows in row segments (snapshot format 6): a base, then deltas of what changed.
+
+A snapshot writes only the rows written or changed since the one before it (and the seqs deleted
+since); a start merges the segments by seq, the newest row of each winning. These check that the
+merge gives exactly the state the log gives, that deltas are folded into a new base before they
+grow, that a snapshot that is never installed hands its rows to the next one, and that a missing
+or damaged segment makes the whole snapshot unused (the log is replayed), never a partial state.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.support.faultio import delete, full_history, live_state, search, update, write
+from storaged import layout, snapshot
+from storaged import store as store_module
+from storaged.fileio import FileIO
+from storaged.store import Store
+
+pytestmark = pytest.mark.unit
+
+
+def seg_names(d: str) -> list[str]:
+    return sorted(n for n in os.listdir(d) if n.startswith(layout.ROWS_PREFIX))
+
+
+def tail_of(d: str, name: str) -> dict:
+    with snapshot.Reader(FileIO(), os.path.join(d, "snapshot")) as reader:
+        return next(seg.tail for seg, (n, _) in zip(reader.segments, reader.row_segments) if n == name)
+
+
+def everything(s: Store):
+    return live_state(s), full_history(s), search(s, query="row segment text"), s.last_seq
+
+
+def reopened(s: Store) -> Store:
+    d = s.dir
+    s.close()
+    return Store.open(d)
+
+
+def test_a_snapshot_writes_only_what_changed_since_the_one_before(tmp_path):
+    d = str(tmp_path)
+    s = Store.open(d)
+    ids = [write(s, f"s{i % 4}", f"row segment text {i} " + "x" * 200, tags=["t"])["message"]["message_id"]
+           for i in range(40)]
+    assert s.write_snapshot()
+    [[base, n]] = s.row_segments
+    assert n == 40 and seg_names(d) == [base]
+    base_size = os.path.getsize(os.path.join(d, base))
+
+    for mid in ids[:2]:
+        update(s, mid, content="row segment text, changed")
+    dead_seqs = sorted(s.by_id[mid].seq for mid in ids[5:8])
+    for mid in ids[5:8]:
+        delete(s, mid)
+    new = [write(s, "s9", f"row segment text new {i}")["message"]["message_id"] for i in range(5)]
+    update(s, new[0], summary="changed twice before the snapshot")
+    assert s.write_snapshot()
+    assert s.row_segments[0] == [base, 40] and len(s.row_segments) == 2
+    delta, n = s.row_segments[1]
+    changed = sorted(s.by_id[mid].seq for mid in [*ids[:2], *new])
+    assert n == 7 and tail_of(d, delta)["seqs"] == changed and tail_of(d, delta)["dead"] == dead_seqs
+    assert os.path.getsize(os.path.join(d, delta)) < base_size / 3
+    assert seg_names(d) == sorted([base, delta])
+    before = everything(s)
+
+    s = reopened(s)
+    assert s.snapshot_valid and s.snapshot_pos == s.log_size()
+    assert everything(s) == before
+    assert list(s.by_seq) == sorted(s.by_seq)  # merged by seq: creation order, as a replay gives
+    assert s.row_segments == [[base, 40], [delta, 7]]
+    # nothing changed since: the next snapshot names the same rows and writes none
+    write(s, "s1", "row segment text after the restart")
+    assert s.write_snapshot() and len(s.row_segments) == 3 and s.row_segments[2][1] == 1
+    s.close()
+
+
+def test_a_replayed_tail_goes_into_the_next_delta(tmp_path):
+    """A start after a crash replays the log past the snapshot; what it replays is what the next
+    snapshot's delta holds, and the start after that needs no replay."""
+    d = str(tmp_path / "d")
+    s = Store.open(d)
+    ids = [write(s, "s", f"row segment text {i}")["message"]["message_id"] for i in range(20)]
+    assert s.write_snapshot()
+    update(s, ids[3], content="row segment text changed after the snapshot")
+    delete(s, ids[4])
+    write(s, "s2", "row segment text written after the snapshot")
+    before = everything(s)
+    s.writer.sync()
+    crashed = str(tmp_path / "crashed")  # the files as they are, the process never closed
+    os.system(f"cp -a {d} {crashed}")
+    s.close()
+
+    s = Store.open(crashed)
+    assert s.snapshot_valid and s.snapshot_pos < s.log_size()
+    assert everything(s) == before
+    assert s.write_snapshot() and len(s.row_segments) == 2 and s.row_segments[1][1] == 2
+    s = reopened(s)
+    assert s.snapshot_pos == s.log_size() and everything(s) == before
+    s.close()
+
+
+def test_deltas_are_folded_into_a_new_base_before_they_grow(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    s = Store.open(d)
+    for i in range(30):
+        write(s, "s", f"row segment text {i}")
+    assert s.write_snapshot()
+    lengths = []
+    for round_ in range(2 * store_module.ROW_SEGMENTS_MAX):
+        write(s, "s", f"row segment text round {round_}")
+        assert s.write_snapshot()
+        lengths.append(len(s.row_segments))
+        assert seg_names(d) == sorted(name for name, _ in s.row_segments)  # the folded ones are removed
+    assert max(lengths) == store_module.ROW_SEGMENTS_MAX and lengths.count(1) >= 1
+    # half the base's rows in deltas: a new base too
+    monkeypatch.setattr(store_module, "ROW_DELTA_MIN", 4)
+    while len(s.row_segments) > 1:  # start from a fresh base
+        write(s, "s", "row segment text filler")
+        assert s.write_snapshot()
+    base_rows = s.row_segments[0][1]
+    n = 0
+    while n < base_rows:
+        for _ in range(4):
+            n += 1
+            write(s, "s", f"row segment text burst {n}")
+        assert s.write_snapshot()
+        if len(s.row_segments) == 1:
+            break
+        assert len(s.row_segments) < store_module.ROW_SEGMENTS_MAX
+    # folded once the deltas' rows passed half the base's, before ROW_SEGMENTS_MAX files
+    assert s.row_segments[0][1] == base_rows + n == len(s.by_id)
+    assert base_rows // 2 < n <= base_rows // 2 + 4
+    before = everything(s)
+    s = reopened(s)
+    assert everything(s) == before
+    s.close()
+
+
+def test_a_snapshot_never_installed_hands_its_rows_to_the_next(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    s = Store.open(d)
+    ids = [write(s, "s", f"row segment text {i}")["message"]["message_id"] for i in range(10)]
+    assert s.write_snapshot()
+    update(s, ids[0], content="row segment text changed")
+    delete(s, ids[1])
+    # a planned snapshot that is dropped (a background child that failed, or was killed)
+    s.abandon_snapshot(s.plan_snapshot(inline=True))
+    # and one whose row segment could not be written
+    real = snapshot.write_rows
+
+    def failing(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(snapshot, "write_rows", failing)
+    write(s, "s", "row segment text during the failure")
+    with pytest.raises(OSError):
+        s.write_snapshot()
+    monkeypatch.setattr(snapshot, "write_rows", real)
+    assert len(s.row_segments) == 1 and seg_names(d) == [s.row_segments[0][0]]
+    write(s, "s", "row segment text after it")
+    before = everything(s)
+    assert s.write_snapshot()
+    assert len(s.row_segments) == 2 and s.row_segments[1][1] == 3
+    s = reopened(s)
+    assert s.snapshot_pos == s.log_size() and everything(s) == before
+    s.close()
+
+
+@pytest.mark.parametrize("damage", ["missing-delta", "flipped-base", "other-count"])
+def test_a_missing_or_damaged_row_segment_makes_the_whole_snapshot_unused(tmp_path, damage):
+    d = str(tmp_path)
+    s = Store.open(d)
+    ids = [write(s, "s", f"row segment text {i}")["message"]["message_id"] for i in range(12)]
+    assert s.write_snapshot()
+    update(s, ids[2], content="row segment text changed")
+    delete(s, ids[3])
+    assert s.write_snapshot()
+    [base, _], [delta, _] = s.row_segments
+    before = everything(s)
+    s.close()
+    if damage == "missing-delta":
+        os.remove(os.path.join(d, delta))
+    elif damage == "flipped-base":
+        path = os.path.join(d, base)
+        data = bytearray(open(path, "rb").read())
+        data[len(data) // 2] ^= 0x01
+        open(path, "wb").write(data)
+    else:  # a manifest that says the base holds another number of rows
+        meta, _, dump = snapshot.read(FileIO(), os.path.join(d, "snapshot"))
+        meta["rows"][0][1] += 1
+        snapshot.write(FileIO(), os.path.join(d, "snapshot"), meta, (), dump)
+    s = Store.open(d)
+    assert s.snapshot_valid is False and s.row_segments is None
+    assert everything(s) == before
+    # the next snapshot writes a base of its own; the next start uses it
+    assert s.write_snapshot() and len(s.row_segments) == 1
+    s = reopened(s)
+    assert s.snapshot_valid and everything(s) == before
+    s.close()
+
+
+def test_a_manifest_cannot_name_a_file_outside_the_directory(tmp_path):
+    d = str(tmp_path / "d")
+    s = Store.open(d)
+    write(s, "s", "row segment text")
+    assert s.write_snapshot()
+    before = everything(s)
+    s.close()
+    meta, _, dump = snapshot.read(FileIO(), os.path.join(d, "snapshot"))
+    outside = tmp_path / "rows.0000000000000000.seg"
+    os.rename(os.path.join(d, meta["rows"][0][0]), outside)
+    meta["rows"][0][0] = "../" + outside.name
+    snapshot.write(FileIO(), os.path.join(d, "snapshot"), meta, (), dump)
+    s = Store.open(d)
+    assert s.snapshot_valid is False and everything(s) == before
+    s.close()
