@@ -30,9 +30,9 @@ def test_crash_after_background_snapshot_replays_only_the_tail(tmp_path):
             _wait(lambda: c.health()["snapshot_size"] > 0)  # the child wrote it, the loop installed it
             snap_bytes = c.health()["snapshot_size"]
             acked |= {c.write("tail", f"after the snapshot {i}")["message_id"] for i in range(40)}
-            # the snapshot file and the index segments it names
+            # the snapshot file and the index and row segments it names
             assert os.path.getsize(data / "snapshot") + sum(
-                os.path.getsize(data / n) for n in _named_segments(data)) == snap_bytes
+                os.path.getsize(data / n) for n in [*_named_segments(data), *_named_rows(data)]) == snap_bytes
         first_log = d.stderr()
         d.kill()
         d.start()
@@ -65,10 +65,19 @@ def _named_segments(data) -> list[str]:
     return [name for name, _, _ in snapshot.read(FileIO(), str(data / "snapshot"))[2]["segments"]]
 
 
+def _named_rows(data) -> list[str]:
+    from storaged import snapshot
+    from storaged.fileio import FileIO
+
+    with snapshot.Reader(FileIO(), str(data / "snapshot")) as reader:
+        return [name for name, _ in reader.row_segments or ()]
+
+
 def test_background_snapshots_write_merge_and_collect_index_segments(tmp_path):
     """Each background snapshot writes the postings indexed since the last one as a segment file and
-    merges small ones; the files on disk are the ones the snapshot names (the merged-away ones are
-    removed), and a start after SIGKILL maps them and finds every message by its own word."""
+    merges small ones, and the rows written since the last one as a delta row segment; the files on
+    disk are the ones the snapshot names (the merged-away ones are removed), and a start after SIGKILL
+    maps them and finds every message by its own word."""
     data = tmp_path / "data"
     words: dict[str, str] = {}
     with Daemon(data, extra_args=["--snapshot-every", "100"]) as d:
@@ -86,6 +95,8 @@ def test_background_snapshots_write_merge_and_collect_index_segments(tmp_path):
             _wait(lambda: sorted(p.name for p in data.glob("index.*.seg")) == sorted(_named_segments(data)))
             named = _named_segments(data)
             assert 1 <= len(named) < 6  # merged: fewer segments than snapshots
+            _wait(lambda: sorted(p.name for p in data.glob("rows.*.seg")) == sorted(_named_rows(data)))
+            assert len(_named_rows(data)) >= 2  # a base and the deltas after it (folded at half the base)
         d.kill()
         (data / "index.0123456789abcdef.seg").write_bytes(b"an orphan a crash left")
         d.start()
@@ -95,6 +106,9 @@ def test_background_snapshots_write_merge_and_collect_index_segments(tmp_path):
                 got = c.call("search_messages", {"query": w, "limit": 3})["results"]
                 assert got and got[0]["message_id"] == mid, w
         assert sorted(p.name for p in data.glob("index.*.seg")) == sorted(_named_segments(data))
+        assert sorted(p.name for p in data.glob("rows.*.seg")) == sorted(_named_rows(data))
+        with d.client() as c:
+            assert {m["message_id"] for m in c.all_messages()} == set(words.values())
 
 
 def test_kill_while_child_writes_leaves_a_clean_store(tmp_path):
