@@ -248,8 +248,11 @@ class Reader:
                 if newest.get(seq, 0) == i and killed.get(seq, -1) < i:
                     yield row
 
+        if len(segments) == 1 and not killed:  # a base alone (a start after a rebuild or a fold)
+            yield from segments[0].rows()
+            return
         streams = [live(i, segment.rows()) for i, segment in enumerate(segments)]
-        yield from streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_seq_of)
+        yield from heapq.merge(*streams, key=_seq_of)
 
     def close(self) -> None:
         for segment in self.segments:

@@ -553,12 +553,15 @@ class Store:
         the same structures, minus the per-message work a snapshot makes unnecessary."""
         by_id, by_seq, sessions, relations = self.by_id, self.by_seq, self.sessions, self.relations
         from_row, src = Message.from_row, self.log_text
+        self._note_etype(self.last_seq, "")  # sized once for every seq the snapshot can hold
+        codes, code_of = self.etype_codes, ETYPE_CODE.get
         note_etype = self._note_etype
         live = 0
         for row in rows:
             msg = from_row(row, src)
+            seq = msg.seq
             by_id[msg.message_id] = msg
-            by_seq[msg.seq] = msg
+            by_seq[seq] = msg
             session = sessions.get(msg.session_id)
             if session is None:
                 session = sessions[msg.session_id] = Session(msg.session_id)
@@ -567,9 +570,13 @@ class Store:
             session.load(msg)
             if msg.relations:
                 relations.add(msg)
-            if msg.ext is not None:
+            ext = msg.ext
+            if ext is not None and ext[3]:
                 self.touches.add(msg)
-            note_etype(msg.seq, msg.etype)
+            if seq < len(codes):
+                codes[seq] = code_of(msg.etype, 0)
+            else:  # beyond the snapshot's last_seq: only a damaged or hand-made snapshot
+                note_etype(seq, msg.etype)
             live += msg.rec_size
         self.live_bytes += live
         self.session_order.invalidate()
