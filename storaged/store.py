@@ -363,6 +363,7 @@ class Store:
             # rows: start again from a fresh state and replay the whole log, as for any unusable snapshot.
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
             cursor_key = self.cursor_key
+            self.log_text.close()  # the fresh state opens its own
             self.__init__(self.dir, self.io)  # type: ignore[misc]
             self.cursor_key = cursor_key
             self.salt = salt

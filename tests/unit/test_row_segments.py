@@ -216,3 +216,19 @@ def test_a_manifest_cannot_name_a_file_outside_the_directory(tmp_path):
     s = Store.open(d)
     assert s.snapshot_valid is False and everything(s) == before
     s.close()
+
+
+def test_opening_a_row_segment_reads_its_tail_without_decoding_its_rows(tmp_path):
+    """A start opens every row segment first (to check it and read its tail), then loads the rows:
+    the rows are decoded once, when they are loaded, not also at the open (a base holds millions).
+    Shown with a row whose decoding fails (a map with an int key, which the decoder refuses): the
+    open succeeds, reading the rows fails."""
+    path = str(tmp_path / snapshot.rows_name())
+    assert snapshot.write_rows(FileIO(), path, [[0, 1, 7, {1: 2}]], [3], base=False) == 1
+    segment = snapshot._RowSegment(FileIO(), path)
+    try:
+        assert segment.tail == {"rows": 1, "dead": [3], "seqs": [7]}
+        with pytest.raises(snapshot.SnapshotInvalid):
+            list(segment.rows())
+    finally:
+        segment.close()
