@@ -137,7 +137,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     # instead of holding a rebuilt index's millions of objects (and a start maps it too)
     plan = index.plan()
     rows_name = snapshot.rows_name()
-    meta["rows"] = [[rows_name, len(msgs)]]
+    meta["rows"] = [[rows_name, len(msgs), 0]]
     try:
         if plan is not None:
             index.write_and_adopt(plan, io, store.dir)
@@ -239,7 +239,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     store.snapshot_pos = p.log_size if snapshot_installed else -1
     # the new snapshot's base holds every row (mutations were refused since the worker's fork); without
     # it, no base of this log is on disk and the next snapshot writes one
-    store.row_segments = [[p.rows_name, p.record_count]] if snapshot_installed else None
+    store.row_segments = [[p.rows_name, p.record_count, 0]] if snapshot_installed else None
     store.rows_changed, store.rows_deleted = set(), set()
     store.rows_tracked = snapshot_installed
     store.snapshot_segments = [*p.search.segment_names(), p.rows_name] if snapshot_installed else []

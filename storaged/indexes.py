@@ -79,7 +79,12 @@ class Session:
             self.min_ts, self.max_ts = min(stamps), max(stamps)
 
     def load(self, msg: Message) -> None:
-        """``add`` for a snapshot's messages, which arrive in creation order."""
+        """``add`` for a snapshot's messages, which arrive in creation order: by seq, except a message
+        a salvage restored from its update after its write record was lost (it came last, with its
+        old seq), which goes where ``add`` puts it, as a replay does."""
+        if self.seqs and msg.seq < self.seqs[-1]:
+            self.add(msg)
+            return
         if not self.seqs:
             self.min_ts = self.max_ts = msg.timestamp
         elif msg.timestamp < self.min_ts:

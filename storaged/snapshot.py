@@ -202,18 +202,21 @@ class Reader:
             for _ in range(self.meta["chunks"]):
                 unpacker.skip()
             self.search_dump: Any = unpacker.unpack()
-            # [[name, rows], ...] oldest first (a base, then deltas); None: the rows are inline
+            # [[name, rows, dead], ...] oldest first (a base, then deltas); None: the rows are inline
             self.row_segments: list[list[Any]] | None = None
             if self._file.version >= 6 and not self.meta["chunks"] and "rows" in self.meta:
-                self.row_segments = [[str(name), int(n)] for name, n in self.meta["rows"]]
+                self.row_segments = [[str(name), int(n), int(dead)] for name, n, dead in self.meta["rows"]]
+                if not self.row_segments:
+                    raise SnapshotInvalid("snapshot names no row segment")
                 directory = os.path.dirname(path) or "."
-                for name, n in self.row_segments:
+                for name, n, dead in self.row_segments:
                     if os.path.basename(name) != name or not name.startswith(layout.ROWS_PREFIX):
                         raise SnapshotInvalid(f"snapshot names a row segment {name!r} outside the directory")
                     segment = _RowSegment(io, os.path.join(directory, name))
                     self.segments.append(segment)
-                    if segment.tail["rows"] != n:
-                        raise SnapshotInvalid(f"row segment {name} holds {segment.tail['rows']} rows, not {n}")
+                    if segment.tail["rows"] != n or len(segment.tail["dead"]) != dead:
+                        raise SnapshotInvalid(f"row segment {name} holds {segment.tail['rows']} rows and "
+                                              f"{len(segment.tail['dead'])} dead seqs, not {n} and {dead}")
         except SnapshotInvalid:
             self.close()
             raise

@@ -103,8 +103,9 @@ def check_revision(msg: Message, expected: int | None) -> None:
         raise ProtocolError(E.CONFLICT, "expected_revision does not match the message's current revision")
 
 
-# A snapshot writes a base of every row instead of one more delta once there would be this many row
-# segments, or once the deltas' rows would pass half the base's (and this many)
+# A snapshot writes a base of every row instead of one more delta when this many row segments are in
+# use already (so at most this many are), or when the deltas' rows and dead seqs would pass half the
+# base's rows (and this many)
 ROW_SEGMENTS_MAX = 8
 ROW_DELTA_MIN = 1024
 
@@ -335,7 +336,7 @@ class Store:
             reader.search_dump = None
             self.row_segments = reader.row_segments
             self.rows_tracked = reader.row_segments is not None
-            self.snapshot_segments = self._index.segment_names() + [name for name, _ in reader.row_segments or ()]
+            self.snapshot_segments = self._index.segment_names() + [entry[0] for entry in reader.row_segments or ()]
         except (snapshot.SnapshotOutdated, DumpOutdated) as exc:
             LOG.warning("the snapshot is of an earlier format (%s): replaying the whole log once; a snapshot "
                         "of the current format is written right after", exc)
@@ -675,8 +676,8 @@ class Store:
 
     def index_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> bool:
         """Index queued messages, oldest first, until the queue is empty or the monotonic clock passes
-        ``deadline`` (None: until empty) or ``interrupted()`` says a request waits (asked every few
-        messages, so a request waits about a millisecond behind this). True while some remain. A message deleted or replaced since
+        ``deadline`` (None: until empty; the clock is read after each message) or ``interrupted()`` says
+        a request waits (asked every few messages, so a request waits about a millisecond behind this). True while some remain. A message deleted or replaced since
         it was queued is skipped (its replacement is queued after it). A text that fails its checksum
         is left out of the index (the store is then marked damaged, ``_text_damaged``)."""
         queue, by_seq, index = self.unindexed, self.by_seq, self._index
@@ -693,8 +694,10 @@ class Store:
                 continue
             index.add(seq, text, msg.summary, msg.tags)
             n += 1
-            if deadline is not None and not n & 3 and (
-                    time.monotonic() > deadline or (interrupted is not None and interrupted())):
+            # the clock after every message: one tool output of 64 KB is ~10 ms of tokenising, and four
+            # of them between two looks at the clock held the loop 50-80 ms past a 20 ms slice
+            if deadline is not None and (time.monotonic() > deadline or (
+                    not n & 3 and interrupted is not None and interrupted())):
                 break
         return bool(queue)
 
@@ -930,7 +933,7 @@ class Store:
         """Before a snapshot: freeze the search index's live postings and plan the segment the
         snapshot writes (SearchIndex.plan), and the row segment: a delta of the rows changed since
         the last snapshot, or a base of every row when there is no base on disk, or when the deltas
-        would reach half of it or ROW_SEGMENTS_MAX files (so a start reads at most ~1.5× the rows,
+        would pass half of it or ROW_SEGMENTS_MAX files are in use (so a start reads at most ~1.5× the rows,
         and every row is rewritten a bounded number of times). Called by the process that keeps the
         store (before a background snapshot's fork, or ``inline``: a snapshot this thread writes
         itself, whose merges stay small). The changed rows are taken from the store's sets here:
@@ -942,15 +945,17 @@ class Store:
         self.rows_tracked = True  # what changes from here on goes into the snapshot after this one
         segments = self.row_segments
         seqs = sorted(seq for seq in changed if seq in self.by_seq)
+        # a delta's weight at start: its rows, and its dead seqs, each dropping a row of the base
         base = segments is None or len(segments) >= ROW_SEGMENTS_MAX or (
-            sum(n for _, n in segments[1:]) + len(seqs) > max(ROW_DELTA_MIN, segments[0][1] // 2))
+            sum(n + dead for _, n, dead in segments[1:]) + len(seqs) + len(deleted)
+            > max(ROW_DELTA_MIN, segments[0][1] // 2))
         if base:
             name = snapshot.rows_name()
-            rows_after = [[name, len(self.by_seq)]]
+            rows_after = [[name, len(self.by_seq), 0]]
             seqs, deleted = [], set()
         elif seqs or deleted:
             name = snapshot.rows_name()
-            rows_after = [*segments, [name, len(seqs)]]
+            rows_after = [*segments, [name, len(seqs), len(deleted)]]
         else:
             name = None
             rows_after = list(segments)
@@ -998,7 +1003,7 @@ class Store:
             self.io.sync_dir(self.dir)
         self.snapshot_pos = pos
         self.row_segments = [list(entry) for entry in plan.rows_after]
-        self.snapshot_segments = [*plan.index_names, *(name for name, _ in plan.rows_after)]
+        self.snapshot_segments = [*plan.index_names, *(entry[0] for entry in plan.rows_after)]
         index_plan = plan.index
         if index_plan is not None and index_plan.name not in self._index.segment_names():
             try:

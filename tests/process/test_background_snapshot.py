@@ -70,7 +70,7 @@ def _named_rows(data) -> list[str]:
     from storaged.fileio import FileIO
 
     with snapshot.Reader(FileIO(), str(data / "snapshot")) as reader:
-        return [name for name, _ in reader.row_segments or ()]
+        return [entry[0] for entry in reader.row_segments or ()]
 
 
 def test_background_snapshots_write_merge_and_collect_index_segments(tmp_path):

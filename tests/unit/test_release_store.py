@@ -127,7 +127,7 @@ def test_a_snapshot_with_inline_rows_is_read_as_it_is_and_the_next_one_writes_a_
         assert snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1] == snapshot.VERSION == 6
     again = Store.open(str(d))
     assert again.snapshot_valid and again.snapshot_pos == again.log_size()
-    [[name, n]] = again.row_segments
+    [[name, n, _]] = again.row_segments
     assert n == len(again.by_id) == len(expected["messages"]) and (d / name).exists()
     assert {w: [h.doc for h in again.search.search(w, 50)] for w in hits} == hits
     for m in expected["messages"]:

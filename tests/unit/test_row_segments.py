@@ -27,7 +27,7 @@ def seg_names(d: str) -> list[str]:
 
 def tail_of(d: str, name: str) -> dict:
     with snapshot.Reader(FileIO(), os.path.join(d, "snapshot")) as reader:
-        return next(seg.tail for seg, (n, _) in zip(reader.segments, reader.row_segments) if n == name)
+        return next(seg.tail for seg, entry in zip(reader.segments, reader.row_segments) if entry[0] == name)
 
 
 def everything(s: Store):
@@ -46,8 +46,8 @@ def test_a_snapshot_writes_only_what_changed_since_the_one_before(tmp_path):
     ids = [write(s, f"s{i % 4}", f"row segment text {i} " + "x" * 200, tags=["t"])["message"]["message_id"]
            for i in range(40)]
     assert s.write_snapshot()
-    [[base, n]] = s.row_segments
-    assert n == 40 and seg_names(d) == [base]
+    [[base, n, dead]] = s.row_segments
+    assert n == 40 and dead == 0 and seg_names(d) == [base]
     base_size = os.path.getsize(os.path.join(d, base))
 
     for mid in ids[:2]:
@@ -58,8 +58,9 @@ def test_a_snapshot_writes_only_what_changed_since_the_one_before(tmp_path):
     new = [write(s, "s9", f"row segment text new {i}")["message"]["message_id"] for i in range(5)]
     update(s, new[0], summary="changed twice before the snapshot")
     assert s.write_snapshot()
-    assert s.row_segments[0] == [base, 40] and len(s.row_segments) == 2
-    delta, n = s.row_segments[1]
+    assert s.row_segments[0] == [base, 40, 0] and len(s.row_segments) == 2
+    delta, n, dead = s.row_segments[1]
+    assert dead == 3
     changed = sorted(s.by_id[mid].seq for mid in [*ids[:2], *new])
     assert n == 7 and tail_of(d, delta)["seqs"] == changed and tail_of(d, delta)["dead"] == dead_seqs
     assert os.path.getsize(os.path.join(d, delta)) < base_size / 3
@@ -70,7 +71,7 @@ def test_a_snapshot_writes_only_what_changed_since_the_one_before(tmp_path):
     assert s.snapshot_valid and s.snapshot_pos == s.log_size()
     assert everything(s) == before
     assert list(s.by_seq) == sorted(s.by_seq)  # merged by seq: creation order, as a replay gives
-    assert s.row_segments == [[base, 40], [delta, 7]]
+    assert s.row_segments == [[base, 40, 0], [delta, 7, 3]]
     # nothing changed since: the next snapshot names the same rows and writes none
     write(s, "s1", "row segment text after the restart")
     assert s.write_snapshot() and len(s.row_segments) == 3 and s.row_segments[2][1] == 1
@@ -113,7 +114,7 @@ def test_deltas_are_folded_into_a_new_base_before_they_grow(tmp_path, monkeypatc
         write(s, "s", f"row segment text round {round_}")
         assert s.write_snapshot()
         lengths.append(len(s.row_segments))
-        assert seg_names(d) == sorted(name for name, _ in s.row_segments)  # the folded ones are removed
+        assert seg_names(d) == sorted(entry[0] for entry in s.row_segments)  # the folded ones are removed
     assert max(lengths) == store_module.ROW_SEGMENTS_MAX and lengths.count(1) >= 1
     # half the base's rows in deltas: a new base too
     monkeypatch.setattr(store_module, "ROW_DELTA_MIN", 4)
@@ -168,7 +169,7 @@ def test_a_snapshot_never_installed_hands_its_rows_to_the_next(tmp_path, monkeyp
     s.close()
 
 
-@pytest.mark.parametrize("damage", ["missing-delta", "flipped-base", "other-count"])
+@pytest.mark.parametrize("damage", ["missing-delta", "flipped-base", "other-count", "other-dead", "no-segment"])
 def test_a_missing_or_damaged_row_segment_makes_the_whole_snapshot_unused(tmp_path, damage):
     d = str(tmp_path)
     s = Store.open(d)
@@ -177,7 +178,7 @@ def test_a_missing_or_damaged_row_segment_makes_the_whole_snapshot_unused(tmp_pa
     update(s, ids[2], content="row segment text changed")
     delete(s, ids[3])
     assert s.write_snapshot()
-    [base, _], [delta, _] = s.row_segments
+    [base, _, _], [delta, _, _] = s.row_segments
     before = everything(s)
     s.close()
     if damage == "missing-delta":
@@ -187,9 +188,14 @@ def test_a_missing_or_damaged_row_segment_makes_the_whole_snapshot_unused(tmp_pa
         data = bytearray(open(path, "rb").read())
         data[len(data) // 2] ^= 0x01
         open(path, "wb").write(data)
-    else:  # a manifest that says the base holds another number of rows
+    else:  # a manifest that says a segment holds other rows or dead seqs than it does, or names none
         meta, _, dump = snapshot.read(FileIO(), os.path.join(d, "snapshot"))
-        meta["rows"][0][1] += 1
+        if damage == "other-count":
+            meta["rows"][0][1] += 1
+        elif damage == "other-dead":
+            meta["rows"][1][2] -= 1
+        else:
+            meta["rows"] = []
         snapshot.write(FileIO(), os.path.join(d, "snapshot"), meta, (), dump)
     s = Store.open(d)
     assert s.snapshot_valid is False and s.row_segments is None
@@ -232,3 +238,50 @@ def test_opening_a_row_segment_reads_its_tail_without_decoding_its_rows(tmp_path
             list(segment.rows())
     finally:
         segment.close()
+
+
+def test_deleted_seqs_count_towards_folding_the_deltas(tmp_path, monkeypatch):
+    """Each dead seq of a delta drops a row of the base that every start still decodes: after a mass
+    delete, the next snapshot folds into a new base rather than carry them."""
+    monkeypatch.setattr(store_module, "ROW_DELTA_MIN", 4)
+    d = str(tmp_path)
+    s = Store.open(d)
+    ids = [write(s, "s", f"row segment text {i}")["message"]["message_id"] for i in range(40)]
+    assert s.write_snapshot()
+    for mid in ids[:10]:  # a quarter: a delta of 10 dead seqs
+        delete(s, mid)
+    assert s.write_snapshot() and len(s.row_segments) == 2 and s.row_segments[1][1:] == [0, 10]
+    for mid in ids[10:21]:  # 10 + 11 > 40 // 2: folded
+        delete(s, mid)
+    assert s.write_snapshot() and s.row_segments == [[s.row_segments[0][0], 19, 0]]
+    before = everything(s)
+    s = reopened(s)
+    assert everything(s) == before
+    s.close()
+
+
+def test_a_row_out_of_seq_order_goes_where_a_replay_puts_it(tmp_path):
+    """A salvage that restored a message from its update (its write record lost) holds it last, with its
+    old seq; a snapshot then lists it last too. Its session's seqs and turns must come out as a replay
+    of the log gives them, not in the order the rows arrive."""
+    d = str(tmp_path)
+    s = Store.open(d)
+    for i in range(6):
+        write(s, "s", f"row segment text {i}", role="user" if i % 2 == 0 else "assistant")
+    assert s.write_snapshot()
+    s.close()
+    path = os.path.join(d, "snapshot")
+    meta, rows, dump = snapshot.read(FileIO(), path)
+    snapshot.write(FileIO(), path, meta, [*rows[1:], rows[0]], dump)  # the first message's row last
+    loaded = Store.open(d)
+    assert loaded.snapshot_valid
+    os.remove(path)
+    replayed = Store.open(d)
+    for st in (loaded, replayed):
+        session = st.sessions["s"]
+        assert session.seqs == sorted(session.seqs) and session.turn_seqs == sorted(session.turn_seqs)
+    a, b = loaded.sessions["s"], replayed.sessions["s"]
+    assert (a.seqs, a.turn_seqs, a.min_ts, a.max_ts, a.kind_counts) == (b.seqs, b.turn_seqs, b.min_ts, b.max_ts,
+                                                                        b.kind_counts)
+    loaded.close()
+    replayed.close()
