@@ -1337,6 +1337,18 @@ class SearchIndex:
         run = tuple(parts[i:])
         return SegmentPlan(run, new_segment_name(), run[0].slot_lo, run[-1].slot_hi)
 
+    def plan_live(self, name: str) -> "SegmentPlan | None":
+        """Freeze the live lists into a part of their own and plan it alone (no merge) as the
+        segment ``name``; None when they hold no doc. A background snapshot's child indexes the
+        messages still queued and writes them this way, under a name its parent chose (so that the
+        parent keeps the file the snapshot names)."""
+        n = len(self._slot_doc)
+        if n <= self._mem_lo:
+            return None
+        self._freeze(n)
+        part = self._parts[-1]
+        return SegmentPlan((part,), name, part.slot_lo, part.slot_hi)
+
     def _freeze(self, n: int) -> None:
         pv = self._prefix if self._prefix is not None and self._prefix.ready else None
         ct = self._char_terms

@@ -520,7 +520,7 @@ class Server:
         self.snapshot_child = (pid, pos, time.monotonic(), plan)
         # counted as taken now, so that a failing child is not started again at every request
         store.snapshot_records = store.record_count
-        store.snapshot_unindexed = len(store.unindexed)
+        store.snapshot_unindexed = 0 if plan.catchup_name is not None else len(store.unindexed)
         LOG.info("background snapshot started (pid %d, log position %d)", pid, pos)
 
     def _reap_snapshot_child(self, block: bool, kill: bool = False) -> None:

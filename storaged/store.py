@@ -46,7 +46,7 @@ from .indexes import IndexSizes, RelationIndex, Session, TouchIndex
 from .ingeststate import IngestState
 from .model import Message, message_from_args
 from .search import DumpOutdated, SearchIndex, SegmentPlan
-from .segment import Segment, is_segment_name
+from .segment import Segment, is_segment_name, new_name as new_segment_name
 from .sessionorder import SessionOrder
 from .text import LogText, locate
 
@@ -114,7 +114,9 @@ class SnapshotPlan(NamedTuple):
     """What a snapshot writes (Store.plan_snapshot): the index segment and the index's segment names
     after it, the row segment (None: the rows did not change), whether it is a base (every row) or
     a delta (the rows of ``rows_seqs``, and ``rows_dead``), the row segments the manifest names,
-    and the changed seqs it took from the store (given back by ``abandon_snapshot``)."""
+    the changed seqs it took from the store (given back by ``abandon_snapshot``), and the name of the
+    index segment a background child writes of the messages still queued for the index (None: none
+    queued, or an inline snapshot)."""
     index: SegmentPlan | None
     index_names: list[str]
     rows_name: str | None
@@ -124,6 +126,7 @@ class SnapshotPlan(NamedTuple):
     rows_after: list[list[Any]]
     changed: set[int]
     deleted: set[int]
+    catchup_name: str | None = None
 
 
 class Store:
@@ -959,8 +962,11 @@ class Store:
         else:
             name = None
             rows_after = list(segments)
+        # a child indexes what is still queued (on its own core) and writes it too: a start after a crash
+        # then indexes only the log past the snapshot, not also the queue the snapshot was taken with
+        catchup = new_segment_name() if self.unindexed and not inline else None
         return SnapshotPlan(index_plan, self._index.names_after(index_plan), name, base, seqs, sorted(deleted),
-                            rows_after, changed, plan_deleted)
+                            rows_after, changed, plan_deleted, catchup)
 
     def abandon_snapshot(self, plan: "SnapshotPlan") -> None:
         """A planned snapshot that was not installed: its changed rows go into the next one. (A seq
@@ -976,6 +982,11 @@ class Store:
         pos = self.writer.size
         if plan.index is not None:
             self._index.write_and_adopt(plan.index, self.io, self.dir)
+        if plan.catchup_name is not None:
+            self.index_step(None)
+            catchup = self._index.plan_live(plan.catchup_name)
+            if catchup is not None:
+                self._index.write_and_adopt(catchup, self.io, self.dir)
         if plan.rows_name is not None:
             path = os.path.join(self.dir, plan.rows_name)
             if plan.rows_base:
@@ -1003,7 +1014,9 @@ class Store:
             self.io.sync_dir(self.dir)
         self.snapshot_pos = pos
         self.row_segments = [list(entry) for entry in plan.rows_after]
-        self.snapshot_segments = [*plan.index_names, *(entry[0] for entry in plan.rows_after)]
+        catchup = [plan.catchup_name] if plan.catchup_name is not None and self.io.exists(
+            os.path.join(self.dir, plan.catchup_name)) else []
+        self.snapshot_segments = [*plan.index_names, *catchup, *(entry[0] for entry in plan.rows_after)]
         index_plan = plan.index
         if index_plan is not None and index_plan.name not in self._index.segment_names():
             try:

@@ -111,6 +111,46 @@ def test_background_snapshots_write_merge_and_collect_index_segments(tmp_path):
             assert {m["message_id"] for m in c.all_messages()} == set(words.values())
 
 
+def test_a_background_snapshot_leaves_nothing_queued_for_the_index(tmp_path):
+    """An import queues its messages for the index, which the loop indexes between requests; a background
+    snapshot's child indexes what is still queued in its own copy and writes it as a segment, so the
+    snapshot never leaves messages queued (a start after SIGKILL indexes only the log past it)."""
+    from ulid import ULID
+
+    from storaged import snapshot
+    from storaged.fileio import FileIO
+
+    data = tmp_path / "data"
+    words: dict[str, str] = {}
+    with Daemon(data, extra_args=["--snapshot-every", "200"]) as d:
+        d.start()
+        with d.client() as c:
+            for batch in range(3):
+                msgs = []
+                for i in range(250):
+                    n = batch * 1000 + i
+                    ts = 1_700_000_000_000 + n * 1000
+                    mid = str(ULID.from_bytes(((ts << 80) | n).to_bytes(16, "big")))
+                    words[_word(n)] = mid
+                    msgs.append({"message_id": mid, "session_id": f"s{batch}", "timestamp": ts, "role": "user",
+                                 "content": f"{_word(n)} " + "a long tool output line " * 200, "revision": 1,
+                                 "updated_at": ts, "metadata": {}})
+                assert c.call("import_messages", {"messages": msgs})["imported"] == 250
+                _wait(lambda: (data / "snapshot").exists() and c.health()["snapshot_size"] > 0)
+            before = c.health()["snapshot_size"]
+            _wait(lambda: c.health()["snapshot_size"] != before or not (data / "snapshot.bg.tmp").exists())
+            meta, _, dump = snapshot.read(FileIO(), str(data / "snapshot"))
+            assert meta["unindexed"] == []
+            assert all((data / name).exists() for name, _, _ in dump["segments"])
+        d.kill()
+        d.start()
+        with d.client() as c:
+            assert c.health()["snapshot_valid"] is True
+            for w, mid in words.items():
+                got = c.call("search_messages", {"query": w, "limit": 3})["results"]
+                assert got and got[0]["message_id"] == mid, w
+
+
 def test_kill_while_child_writes_leaves_a_clean_store(tmp_path):
     """However the daemon dies while a snapshot is being written, the next start is whole."""
     data = tmp_path / "data"

@@ -285,3 +285,32 @@ def test_a_row_out_of_seq_order_goes_where_a_replay_puts_it(tmp_path):
                                                                         b.kind_counts)
     loaded.close()
     replayed.close()
+
+
+def test_a_background_snapshot_indexes_the_queue_and_writes_it_as_a_segment_of_its_own(tmp_path):
+    """What a background snapshot's child does (here in-process): the messages still queued for the
+    index are indexed in its copy and written as one more index segment, under the name the parent
+    chose, so the snapshot leaves nothing queued and a start after a crash indexes only the log past it."""
+    d = str(tmp_path)
+    s = Store.open(d)
+    ids = {f"qword{i}x": write(s, "s", f"qword{i}x row segment text")["message"]["message_id"] for i in range(30)}
+    assert s.write_snapshot()  # a clean stop's snapshot (inline) leaves the queue as it is
+    assert len(snapshot.read(FileIO(), os.path.join(d, "snapshot"))[0]["unindexed"]) == 30
+    more = {f"qword{i}x": write(s, "s", f"qword{i}x row segment text")["message"]["message_id"] for i in range(30, 45)}
+    ids.update(more)
+    plan = s.plan_snapshot()
+    assert plan.catchup_name is not None and s.unindexed
+    tmp = os.path.join(d, layout.SNAPSHOT + layout.BACKGROUND_SUFFIX)
+    pos = s.write_snapshot_file(tmp, plan)
+    s.install_snapshot(tmp, pos, plan)
+    meta, _, dump = snapshot.read(FileIO(), os.path.join(d, "snapshot"))
+    assert meta["unindexed"] == [] and plan.catchup_name in [name for name, _, _ in dump["segments"]]
+    assert plan.catchup_name in s.snapshot_segments and os.path.exists(os.path.join(d, plan.catchup_name))
+    s.close()
+    s = Store.open(d)
+    assert not s.unindexed and s.snapshot_pos == s.log_size()
+    for word, mid in ids.items():
+        assert search(s, query=word)["results"][0]["message_id"] == mid, word
+    # nothing queued: no catch-up segment is planned
+    assert s.plan_snapshot().catchup_name is None
+    s.close()
