@@ -147,7 +147,9 @@ def test_a_background_snapshot_leaves_nothing_queued_for_the_index(tmp_path):
         with d.client() as c:
             assert c.health()["snapshot_valid"] is True
             for w, mid in words.items():
-                got = c.call("search_messages", {"query": w, "limit": 3})["results"]
+                # BUSY while the index catches up on the replayed tail: waited out
+                got = c.call("search_messages", {"query": w, "limit": 3}, busy_retry=True,
+                             deadline=time.monotonic() + 30)["results"]
                 assert got and got[0]["message_id"] == mid, w
 
 
