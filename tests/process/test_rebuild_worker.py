@@ -13,6 +13,7 @@ import time
 import pytest
 
 from protocol import wire
+from storaged import children
 from tests.support.daemon_proc import Daemon, pid_alive
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,6 +31,11 @@ def _wait(cond, timeout: float = 60.0) -> None:
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(x) for x in f.read().split() if pid_alive(int(x))]
+
+
+def _nice(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19, nice
 
 
 def _segments(data) -> set[str]:
@@ -100,6 +106,8 @@ def test_a_worker_that_dies_leaves_the_store_as_it_was(tmp_path, monkeypatch):
             rid = c.call("rebuild_index", {})["rebuild_id"]
             _wait(lambda: bool(_children(d.pid)))
             (worker,) = _children(d.pid)
+            # it runs nicer than its daemon, so the request loop wins the cores it shares with it
+            _wait(lambda: _nice(worker) == min(19, _nice(d.pid) + children.CHILD_NICE))
             assert c.call("write_message", {"session_id": "s", "role": "user", "content": "x"})["error"]["code"] == "BUSY"
             os.kill(worker, signal.SIGKILL)
             _wait(lambda: _status(c, rid)["status"] != wire.REBUILDING)
