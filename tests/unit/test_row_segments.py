@@ -140,13 +140,20 @@ def test_deltas_are_folded_into_a_new_base_before_they_grow(tmp_path, monkeypatc
     s.close()
 
 
-def test_a_snapshot_never_installed_hands_its_rows_to_the_next(tmp_path, monkeypatch):
-    d = str(tmp_path)
+def based_and_changed(d: str, n: int) -> Store:
+    """A store of ``n`` messages with a base on disk, then its first message updated and its second
+    deleted (what the next delta holds)."""
     s = Store.open(d)
-    ids = [write(s, "s", f"row segment text {i}")["message"]["message_id"] for i in range(10)]
+    ids = [write(s, "s", f"row segment text {i}")["message"]["message_id"] for i in range(n)]
     assert s.write_snapshot()
     update(s, ids[0], content="row segment text changed")
     delete(s, ids[1])
+    return s
+
+
+def test_a_snapshot_never_installed_hands_its_rows_to_the_next(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    s = based_and_changed(d, 10)
     # a planned snapshot that is dropped (a background child that failed, or was killed)
     s.abandon_snapshot(s.plan_snapshot(inline=True))
     # and one whose row segment could not be written
@@ -172,11 +179,7 @@ def test_a_snapshot_never_installed_hands_its_rows_to_the_next(tmp_path, monkeyp
 @pytest.mark.parametrize("damage", ["missing-delta", "flipped-base", "other-count", "other-dead", "no-segment"])
 def test_a_missing_or_damaged_row_segment_makes_the_whole_snapshot_unused(tmp_path, damage):
     d = str(tmp_path)
-    s = Store.open(d)
-    ids = [write(s, "s", f"row segment text {i}")["message"]["message_id"] for i in range(12)]
-    assert s.write_snapshot()
-    update(s, ids[2], content="row segment text changed")
-    delete(s, ids[3])
+    s = based_and_changed(d, 12)
     assert s.write_snapshot()
     [base, _, _], [delta, _, _] = s.row_segments
     before = everything(s)
