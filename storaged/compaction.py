@@ -123,16 +123,16 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
         io.sync(fd)
     finally:
         io.close(fd)
-    meta = store.snapshot_meta(salt, size)
+    meta = store.snapshot_meta(salt, size, extras=False)
     meta["update_records"] = 0
     meta["deleted_messages"] = 0
     meta["record_count"] = len(msgs)
     meta["checkpoint_bytes"] = len(checkpoint)
     meta["rids"] = rids
     meta["unindexed"] = []  # this index holds every live message
-    meta["session_meta"] = [[sid, fields, meta_sizes[sid]] for sid, fields in metas.items()]
-    meta["checkpoints"] = [[src, key, store.ingest.checkpoints[(src, key)], n]
-                           for (src, key), n in checkpoint_sizes.items()]
+    # the session metadata and the checkpoints go in the base's tail (snapshot.write_rows)
+    session_metas = [[sid, fields, meta_sizes[sid]] for sid, fields in metas.items()]
+    checkpoints = [[src, key, store.ingest.checkpoints[(src, key)], n] for (src, key), n in checkpoint_sizes.items()]
     # the new index as one segment: the snapshot names it, and the daemon maps it at the install
     # instead of holding a rebuilt index's millions of objects (and a start maps it too)
     plan = index.plan()
@@ -142,7 +142,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
         if plan is not None:
             index.write_and_adopt(plan, io, store.dir)
         snap_fields = (m.row(loc, rs) for m, loc, rs in zip(msgs, text_locs, rec_sizes))
-        snapshot.write_rows(io, os.path.join(store.dir, rows_name), snap_fields, (), base=True)
+        snapshot.write_rows(io, os.path.join(store.dir, rows_name), snap_fields, (), True, session_metas, checkpoints)
         io.sync_dir(store.dir)
         snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, (), index.dump())
     except BaseException:
@@ -241,6 +241,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     # it, no base of this log is on disk and the next snapshot writes one
     store.row_segments = [[p.rows_name, p.record_count, 0]] if snapshot_installed else None
     store.rows_changed, store.rows_deleted = set(), set()
+    store.metas_changed, store.checkpoints_changed = set(), set()
     store.rows_tracked = snapshot_installed
     store.snapshot_segments = [*p.search.segment_names(), p.rows_name] if snapshot_installed else []
     store.collect_segments(wait=not background)

@@ -97,15 +97,19 @@ def rows_name() -> str:
     return layout.ROWS_PREFIX + os.urandom(8).hex() + layout.SEGMENT_SUFFIX
 
 
-def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[int], base: bool) -> int:
+def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[int], base: bool,
+               session_meta: Iterable[list[Any]] = (), checkpoints: Iterable[list[Any]] = ()) -> int:
     """Write and fsync a row segment at ``path`` (a new name; the directory's fsync is the caller's):
     ``rows`` in seq order, then ``dead``, the seqs deleted since the segment before it. A delta
     (not ``base``) also lists its rows' seqs, so that a reader knows which rows of older segments it
     replaces before decoding any. Streamed: a base at 5M rows is never in memory at once. Returns
-    the number of rows.
+    the number of rows. ``session_meta`` ([sid, fields, rec_size]) and ``checkpoints`` ([source, key,
+    value, rec_size], value nil: forgotten) go in the tail too: every one in a base, in a delta those
+    that changed since the segment before (a reader applies them in order).
 
     Body: ``chunk* [] tail`` — the chunks, an empty one ending them, and ``tail = {"rows": n,
-    "dead": [seq*], "seqs": [seq*] | nil}``; framed like a snapshot with ``ROWS_MAGIC``."""
+    "dead": [seq*], "seqs": [seq*] | nil, "session_meta": [...], "checkpoints": [...]}``; framed like a
+    snapshot with ``ROWS_MAGIC``."""
     packer = msgpack.Packer(use_bin_type=True)
     seqs: list[int] = []
     count = 0
@@ -121,7 +125,8 @@ def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[
     def parts() -> Iterator[bytes]:
         yield from _chunks(packer, counted())
         yield packer.pack([])
-        yield packer.pack({"rows": count, "dead": list(dead), "seqs": None if base else seqs})
+        yield packer.pack({"rows": count, "dead": list(dead), "seqs": None if base else seqs,
+                           "session_meta": list(session_meta), "checkpoints": list(checkpoints)})
 
     _write_framed(io, path, ROWS_MAGIC, ROWS_VERSION, parts())
     return count
@@ -276,6 +281,20 @@ class Reader:
         while pending is not None:
             yield pending
             pending = next(extra, None)
+
+    def session_meta(self) -> list[list[Any]]:
+        """[sid, fields, rec_size] of every session's metadata, to apply in order (a later one of a
+        sid replaces an earlier one): the row segments' tails oldest first, or the manifest's own."""
+        if self.row_segments is None:
+            return self.meta.get("session_meta", [])
+        return [entry for segment in self.segments for entry in segment.tail.get("session_meta", ())]
+
+    def checkpoints(self) -> list[list[Any]]:
+        """[source, key, value, rec_size] of the ingesters' checkpoints, to apply in order (value nil:
+        forgotten), from the same place as ``session_meta``."""
+        if self.row_segments is None:
+            return self.meta.get("checkpoints", [])
+        return [entry for segment in self.segments for entry in segment.tail.get("checkpoints", ())]
 
     def close(self) -> None:
         for segment in self.segments:

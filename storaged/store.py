@@ -127,6 +127,8 @@ class SnapshotPlan(NamedTuple):
     changed: set[int]
     deleted: set[int]
     catchup_name: str | None = None
+    metas: set[str] = set()                     # a delta's session metadata and checkpoints (a base: all)
+    checkpoints: set[tuple[str, str]] = set()
 
 
 class Store:
@@ -210,6 +212,9 @@ class Store:
         self.row_segments: list[list[Any]] | None = None
         self.rows_changed: set[int] = set()
         self.rows_deleted: set[int] = set()
+        # the sessions whose metadata and the checkpoints that changed since then (in a delta's tail too)
+        self.metas_changed: set[str] = set()
+        self.checkpoints_changed: set[tuple[str, str]] = set()
         # whether they are kept: not while the next snapshot writes a base anyway (a full replay of
         # millions of messages would fill them for nothing), from the first plan or loaded row segments on
         self.rows_tracked = False
@@ -390,11 +395,11 @@ class Store:
         self.record_count = meta["record_count"]
         self.checkpoint_bytes = meta["checkpoint_bytes"]
         self._load_rids(meta["rids"])
-        for sid, fields, size in meta.get("session_meta", ()):
+        for sid, fields, size in reader.session_meta():  # a later one of a sid (a delta's) replaces it
+            self.meta_bytes += size - self.meta_rec_sizes.get(sid, 0)
             self.session_meta[sid] = fields
             self.meta_rec_sizes[sid] = size
-            self.meta_bytes += size
-        self.ingest.load(meta.get("checkpoints", ()))
+        self.ingest.load(reader.checkpoints())
         self.unindexed.extend(meta.get("unindexed", ()))
         self._bulk_load(reader.rows())
         if clock_poisoned:
@@ -480,6 +485,8 @@ class Store:
             self._apply_session_meta(rec[records.S_SESSION_ID], rec[records.S_FIELDS], size)
         elif kind == records.INGEST:
             self.ingest.apply(rec[records.K_SOURCE], rec[records.K_KEY], rec[records.K_VALUE], size)
+            if self.rows_tracked:
+                self.checkpoints_changed.add((rec[records.K_SOURCE], rec[records.K_KEY]))
 
     def _store_text(self, msg: Message, rec: list[Any], pos: int, size: int) -> None:
         """The message's text stays in the log, in the record at ``pos``; memory keeps its location."""
@@ -493,6 +500,8 @@ class Store:
         self.meta_rec_sizes[sid] = self.meta_rec_sizes.get(sid, 0) + size
         self.meta_bytes += size
         self.sessions_version += 1
+        if self.rows_tracked:
+            self.metas_changed.add(sid)
 
     def _after_record(self, rid: str | None, op: str, mid: str, rev: int, seq: int, seen_ms: int) -> None:
         if seq > self.last_seq:
@@ -909,7 +918,16 @@ class Store:
         return reply
 
     # ------------------------------------------------------------------ snapshot and health
-    def snapshot_meta(self, salt: bytes, log_pos: int) -> dict[str, Any]:
+    def session_meta_entries(self, sids: Iterable[str] | None = None) -> list[list[Any]]:
+        """[sid, fields, rec_size] of the sessions ``sids`` (None: all) that have metadata."""
+        metas, sizes = self.session_meta, self.meta_rec_sizes
+        if sids is None:
+            return [[sid, fields, sizes.get(sid, 0)] for sid, fields in metas.items()]
+        return [[sid, metas[sid], sizes.get(sid, 0)] for sid in sorted(sids) if sid in metas]
+
+    def snapshot_meta(self, salt: bytes, log_pos: int, extras: bool = True) -> dict[str, Any]:
+        """The snapshot's ``meta``; ``extras``: with the session metadata and checkpoints (a snapshot
+        with inline rows), else they are left empty (a manifest: the row segments' tails hold them)."""
         return {
             "log_salt": salt, "log_pos": log_pos, "last_seq": self.last_seq,
             "clock": [self.clock.last_id, self.clock.last_ms],
@@ -917,9 +935,8 @@ class Store:
             "record_count": self.record_count, "checkpoint_bytes": self.checkpoint_bytes,
             "rids": self.rid_entries(),
             "memory": [self.body_bytes, self.metadata_bytes, self.entry_bytes],
-            "session_meta": [[sid, fields, self.meta_rec_sizes.get(sid, 0)]
-                             for sid, fields in self.session_meta.items()],
-            "checkpoints": self.ingest.dump(),
+            "session_meta": self.session_meta_entries() if extras else [],
+            "checkpoints": self.ingest.dump() if extras else [],
             # queued for the search index, not in the dump: queued again at the next start
             "unindexed": [seq for seq in dict.fromkeys(self.unindexed) if seq in self.by_seq and seq not in self._index],
         }
@@ -944,7 +961,9 @@ class Store:
         index_plan = self._index.plan(inline)
         changed, deleted = self.rows_changed, self.rows_deleted
         plan_deleted = deleted
+        metas, checkpoints = self.metas_changed, self.checkpoints_changed
         self.rows_changed, self.rows_deleted = set(), set()
+        self.metas_changed, self.checkpoints_changed = set(), set()
         self.rows_tracked = True  # what changes from here on goes into the snapshot after this one
         segments = self.row_segments
         seqs = sorted(seq for seq in changed if seq in self.by_seq)
@@ -956,7 +975,7 @@ class Store:
             name = snapshot.rows_name()
             rows_after = [[name, len(self.by_seq), 0]]
             seqs, deleted = [], set()
-        elif seqs or deleted:
+        elif seqs or deleted or metas or checkpoints:
             name = snapshot.rows_name()
             rows_after = [*segments, [name, len(seqs), len(deleted)]]
         else:
@@ -966,13 +985,15 @@ class Store:
         # then indexes only the log past the snapshot, not also the queue the snapshot was taken with
         catchup = new_segment_name() if self.unindexed and not inline else None
         return SnapshotPlan(index_plan, self._index.names_after(index_plan), name, base, seqs, sorted(deleted),
-                            rows_after, changed, plan_deleted, catchup)
+                            rows_after, changed, plan_deleted, catchup, metas, checkpoints)
 
     def abandon_snapshot(self, plan: "SnapshotPlan") -> None:
         """A planned snapshot that was not installed: its changed rows go into the next one. (A seq
         deleted since is skipped then: only live seqs are written.)"""
         self.rows_changed |= plan.changed
         self.rows_deleted |= plan.deleted
+        self.metas_changed |= plan.metas
+        self.checkpoints_changed |= plan.checkpoints
 
     def write_snapshot_file(self, tmp: str, plan: "SnapshotPlan") -> int:
         """Write (and fsync) ``plan``'s index segment and row segment, then the manifest to ``tmp``,
@@ -991,16 +1012,22 @@ class Store:
             path = os.path.join(self.dir, plan.rows_name)
             if plan.rows_base:
                 rows = (m.row() for m in self.by_seq.values())
+                metas, checkpoints = self.session_meta_entries(), self.ingest.dump()
             else:
                 by_seq = self.by_seq
                 rows = (by_seq[seq].row() for seq in plan.rows_seqs)
+                metas = self.session_meta_entries(plan.metas)
+                ingest = self.ingest
+                checkpoints = [[src, key, ingest.checkpoints.get((src, key)), ingest.rec_sizes.get((src, key), 0)]
+                               for src, key in sorted(plan.checkpoints)]
             try:
-                snapshot.write_rows(self.io, path, rows, plan.rows_dead, plan.rows_base)
+                snapshot.write_rows(self.io, path, rows, plan.rows_dead, plan.rows_base, metas, checkpoints)
                 self.io.sync_dir(self.dir)
             except BaseException:
                 _remove_all(self.io, [path])
                 raise
-        meta = dict(self.snapshot_meta(self.salt, pos), rows=plan.rows_after)
+        # the session metadata and checkpoints are in the row segments' tails (write_rows)
+        meta = dict(self.snapshot_meta(self.salt, pos, extras=False), rows=plan.rows_after)
         snapshot.write_file(self.io, tmp, meta, (), self._index.dump())
         return pos
 

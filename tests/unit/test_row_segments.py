@@ -236,7 +236,7 @@ def test_opening_a_row_segment_reads_its_tail_without_decoding_its_rows(tmp_path
     assert snapshot.write_rows(FileIO(), path, [[0, 1, 7, {1: 2}]], [3], base=False) == 1
     segment = snapshot._RowSegment(FileIO(), path)
     try:
-        assert segment.tail == {"rows": 1, "dead": [3], "seqs": [7]}
+        assert segment.tail == {"rows": 1, "dead": [3], "seqs": [7], "session_meta": [], "checkpoints": []}
         with pytest.raises(snapshot.SnapshotInvalid):
             list(segment.chunks())
     finally:
@@ -347,3 +347,73 @@ def test_deltas_merge_into_the_base_chunk_by_chunk_in_seq_order(tmp_path, monkey
     replayed = Store.open(d)
     assert merged == [m.row() for m in replayed.by_seq.values()]  # the same rows, the same order
     replayed.close()
+
+
+def _ingest(s: Store, n: int, sid: str, key: str, value: dict | None) -> None:
+    """One ingester batch: an event of ``sid``, the session's metadata, the file's checkpoint."""
+    from protocol import wire
+    from ulid import ULID
+
+    ts = 1_767_225_600_000 + n * 1000
+    event = {"message_id": str(ULID.from_bytes(((ts << 80) | n).to_bytes(16, "big"))), "session_id": sid,
+             "timestamp": ts, "role": "user", "content": f"row segment text ingested {n}",
+             "event": {"type": "user_input"}}
+    args = {"messages": [event], "sessions": [{"session_id": sid, "harness": "codex", "source": "codex",
+                                               "title": f"title {n}"}],
+            "checkpoints": [{"source": "codex", "key": key, "value": value}]}
+    assert s.import_messages(wire.validate_args("import_messages", args))["status"] == "OK"
+
+
+def _meta_state(s: Store):
+    return (s.session_meta, s.meta_rec_sizes, s.meta_bytes, s.ingest.checkpoints, s.ingest.rec_sizes,
+            s.ingest.live_bytes, s.ingest.totals)
+
+
+def test_session_metadata_and_checkpoints_go_in_the_row_segments_changed_ones_in_a_delta(tmp_path):
+    """The manifest holds neither: a base's tail holds every session's metadata and every checkpoint,
+    a delta's tail those that changed since (a forgotten checkpoint as nil), and a start applies them in
+    order to the state a replay gives. A snapshot with only such changes still writes a delta."""
+    d = str(tmp_path)
+    s = Store.open(d)
+    for n in range(6):
+        _ingest(s, n, f"codex:s{n % 3}", f"/f{n % 4}.jsonl", {"offset": n})
+    assert s.write_snapshot()
+    meta = snapshot.read(FileIO(), os.path.join(d, "snapshot"))[0]
+    assert meta["session_meta"] == [] and meta["checkpoints"] == []
+    base = tail_of(d, s.row_segments[0][0])
+    assert len(base["session_meta"]) == 3 and len(base["checkpoints"]) == 4
+    _ingest(s, 10, "codex:s1", "/f1.jsonl", {"offset": 10})  # one session's metadata, one checkpoint
+    _ingest(s, 11, "codex:s9", "/f2.jsonl", None)            # a new session; a checkpoint forgotten
+    assert s.write_snapshot()
+    delta = tail_of(d, s.row_segments[1][0])
+    assert sorted(m[0] for m in delta["session_meta"]) == ["codex:s1", "codex:s9"]
+    assert [(c[1], c[2]) for c in delta["checkpoints"]] == [("/f1.jsonl", {"offset": 10}), ("/f2.jsonl", None)]
+    # nothing but a checkpoint changed: a delta of no rows still carries it
+    args = {"checkpoints": [{"source": "codex", "key": "/f3.jsonl", "value": {"offset": 99}}]}
+    from protocol import wire
+    assert s.import_messages(wire.validate_args("import_messages", args))["status"] == "OK"
+    assert s.write_snapshot() and s.row_segments[2][1:] == [0, 0]
+    state, before = _meta_state(s), everything(s)
+    s = reopened(s)
+    assert s.snapshot_pos == s.log_size() and _meta_state(s) == state and everything(s) == before
+    s.close()
+    os.remove(os.path.join(d, "snapshot"))
+    replayed = Store.open(d)
+    assert _meta_state(replayed) == state
+    replayed.close()
+
+
+def test_changed_metadata_of_a_snapshot_never_installed_goes_into_the_next(tmp_path):
+    d = str(tmp_path)
+    s = Store.open(d)
+    _ingest(s, 0, "codex:a", "/a.jsonl", {"offset": 0})
+    assert s.write_snapshot()
+    _ingest(s, 1, "codex:b", "/b.jsonl", {"offset": 1})
+    s.abandon_snapshot(s.plan_snapshot(inline=True))
+    assert s.write_snapshot()
+    delta = tail_of(d, s.row_segments[1][0])
+    assert [m[0] for m in delta["session_meta"]] == ["codex:b"] and [c[1] for c in delta["checkpoints"]] == ["/b.jsonl"]
+    state = _meta_state(s)
+    s = reopened(s)
+    assert _meta_state(s) == state
+    s.close()
