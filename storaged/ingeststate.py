@@ -69,8 +69,12 @@ class IngestState:
     def of_source(self, source: str) -> dict[str, dict[str, Any]]:
         return {key: value for (src, key), value in self.checkpoints.items() if src == source}
 
-    def dump(self) -> list[list[Any]]:
-        return [[src, key, value, self.rec_sizes.get((src, key), 0)] for (src, key), value in self.checkpoints.items()]
+    def dump(self, keys=None) -> list[list[Any]]:
+        """[source, key, value, rec_size] of every checkpoint, or of the (source, key) pairs ``keys``
+        (a forgotten one with value None, as ``load`` applies it): what a snapshot stores."""
+        if keys is None:
+            return [[src, key, value, self.rec_sizes.get((src, key), 0)] for (src, key), value in self.checkpoints.items()]
+        return [[src, key, self.checkpoints.get((src, key)), self.rec_sizes.get((src, key), 0)] for src, key in sorted(keys)]
 
     def load(self, rows: list[list[Any]]) -> None:
         for src, key, value, size in rows:

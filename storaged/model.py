@@ -17,7 +17,7 @@ from protocol.history import FILE_FIELDS, ROLE_EVENT_TYPE
 from protocol.requests import Event, Metadata
 
 from .records import RECORD_FIELDS
-from .text import TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, location_from_parts, location_parts, span, utf8_length
+from .text import LogText, location_from_parts, location_parts, span, utf8_length
 
 
 class Message:
@@ -108,9 +108,9 @@ class Message:
             msg.text = location_from_parts(msg.text)
             msg.src = src
             return msg
-        (mid, sid, seq, ts, role, (pos, off, length), rev, upd, tcid, tags, tier, kind, importance, summary,
+        (mid, sid, seq, ts, role, loc, rev, upd, tcid, tags, tier, kind, importance, summary,
          relations, source_ids, etype, tool, ext, rec_size) = row
-        msg = cls(mid, sid, seq, ts, intern(role), ((pos << TEXT_OFF_BITS) | off) << TEXT_LEN_BITS | length,
+        msg = cls(mid, sid, seq, ts, intern(role), location_from_parts(loc),
                   rev, ts if upd == ts else upd, tcid, shared_tags(tags) if tags else (), intern(tier),
                   intern(kind), importance, summary, tuple((r[0], r[1]) for r in relations) if relations else (),
                   tuple(source_ids) if source_ids else (), rec_size, intern(etype),

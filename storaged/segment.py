@@ -39,7 +39,8 @@ import numpy as np
 from . import layout
 from .fileio import FileIO, Paced
 
-__all__ = ["Segment", "SegmentInvalid", "write", "new_name", "is_segment_name", "is_index_segment_name"]
+__all__ = ["Segment", "SegmentInvalid", "write", "new_name", "is_segment_name", "is_index_segment_name",
+           "is_rows_segment_name"]
 
 MAGIC = b"CMSEG\x00\x00\x01"
 VERSION = 1
@@ -57,11 +58,12 @@ class SegmentInvalid(ValueError):
     """A segment file that is missing, torn, rotten or of another format."""
 
 
-def new_name() -> str:
-    """A fresh segment file name: random, so a new file never takes the name of one a snapshot on
-    disk still lists (FileIO.open_new then creates it O_EXCL|O_NOFOLLOW after unlinking whatever a
-    crash or a planted link left at that path)."""
-    return layout.SEGMENT_PREFIX + os.urandom(8).hex() + layout.SEGMENT_SUFFIX
+def new_name(prefix: str = layout.SEGMENT_PREFIX) -> str:
+    """A fresh segment file name (an index segment's, or with ``layout.ROWS_PREFIX`` a row
+    segment's): random, so a new file never takes the name of one a snapshot on disk still lists
+    (FileIO.open_new then creates it O_EXCL|O_NOFOLLOW after unlinking whatever a crash or a planted
+    link left at that path)."""
+    return prefix + os.urandom(8).hex() + layout.SEGMENT_SUFFIX
 
 
 def is_segment_name(name: str) -> bool:
@@ -71,6 +73,10 @@ def is_segment_name(name: str) -> bool:
 
 def is_index_segment_name(name: str) -> bool:
     return name.startswith(layout.SEGMENT_PREFIX) and name.endswith(layout.SEGMENT_SUFFIX)
+
+
+def is_rows_segment_name(name: str) -> bool:
+    return name.startswith(layout.ROWS_PREFIX) and name.endswith(layout.SEGMENT_SUFFIX)
 
 
 def _always(_term: str) -> bool:

@@ -28,6 +28,7 @@ import msgpack
 
 from . import layout
 from .fileio import FileIO, Paced
+from .segment import is_rows_segment_name, new_name as new_segment_name
 
 MAGIC = b"CVMEMSNP"
 END_MAGIC = b"CVMEMEND"
@@ -93,8 +94,8 @@ def _chunks(packer: msgpack.Packer, rows: Iterable[list[Any]]) -> Iterator[bytes
 
 
 def rows_name() -> str:
-    """A fresh row segment's name (random: never one a crash left on disk)."""
-    return layout.ROWS_PREFIX + os.urandom(8).hex() + layout.SEGMENT_SUFFIX
+    """A fresh row segment's name (segment.new_name's rule)."""
+    return new_segment_name(layout.ROWS_PREFIX)
 
 
 def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[int], base: bool,
@@ -215,7 +216,7 @@ class Reader:
                     raise SnapshotInvalid("snapshot names no row segment")
                 directory = os.path.dirname(path) or "."
                 for name, n, dead in self.row_segments:
-                    if os.path.basename(name) != name or not name.startswith(layout.ROWS_PREFIX):
+                    if not is_rows_segment_name(name) or os.sep in name:
                         raise SnapshotInvalid(f"snapshot names a row segment {name!r} outside the directory")
                     segment = _RowSegment(io, os.path.join(directory, name))
                     self.segments.append(segment)

@@ -204,7 +204,7 @@ class Store:
         # the index segment files the snapshot on disk names; None while unknown (a snapshot that was
         # not read: a salvage, or one ignored for a reason that may pass) — then none is ever removed
         self.snapshot_segments: list[str] | None = None
-        # The row segments the snapshot on disk names ([[name, rows], ...], oldest first; snapshot.py),
+        # The row segments the snapshot on disk names ([[name, rows, dead], ...], oldest first; snapshot.py),
         # None while no base of the current rows is known to be on disk (none read, a salvage, a
         # snapshot with its rows inline): the next snapshot then writes a base. ``rows_changed``:
         # the seqs written or replaced since the last snapshot was planned, ``rows_deleted``: those
@@ -960,7 +960,6 @@ class Store:
         ``abandon_snapshot`` puts them back if the snapshot is never installed."""
         index_plan = self._index.plan(inline)
         changed, deleted = self.rows_changed, self.rows_deleted
-        plan_deleted = deleted
         metas, checkpoints = self.metas_changed, self.checkpoints_changed
         self.rows_changed, self.rows_deleted = set(), set()
         self.metas_changed, self.checkpoints_changed = set(), set()
@@ -971,21 +970,22 @@ class Store:
         base = segments is None or len(segments) >= ROW_SEGMENTS_MAX or (
             sum(n + dead for _, n, dead in segments[1:]) + len(seqs) + len(deleted)
             > max(ROW_DELTA_MIN, segments[0][1] // 2))
+        dead = [] if base else sorted(deleted)
         if base:
             name = snapshot.rows_name()
             rows_after = [[name, len(self.by_seq), 0]]
-            seqs, deleted = [], set()
-        elif seqs or deleted or metas or checkpoints:
+            seqs = []
+        elif seqs or dead or metas or checkpoints:
             name = snapshot.rows_name()
-            rows_after = [*segments, [name, len(seqs), len(deleted)]]
+            rows_after = [*segments, [name, len(seqs), len(dead)]]
         else:
             name = None
             rows_after = list(segments)
         # a child indexes what is still queued (on its own core) and writes it too: a start after a crash
         # then indexes only the log past the snapshot, not also the queue the snapshot was taken with
         catchup = new_segment_name() if self.unindexed and not inline else None
-        return SnapshotPlan(index_plan, self._index.names_after(index_plan), name, base, seqs, sorted(deleted),
-                            rows_after, changed, plan_deleted, catchup, metas, checkpoints)
+        return SnapshotPlan(index_plan, self._index.names_after(index_plan), name, base, seqs, dead,
+                            rows_after, changed, deleted, catchup, metas, checkpoints)
 
     def abandon_snapshot(self, plan: "SnapshotPlan") -> None:
         """A planned snapshot that was not installed: its changed rows go into the next one. (A seq
@@ -1016,10 +1016,7 @@ class Store:
             else:
                 by_seq = self.by_seq
                 rows = (by_seq[seq].row() for seq in plan.rows_seqs)
-                metas = self.session_meta_entries(plan.metas)
-                ingest = self.ingest
-                checkpoints = [[src, key, ingest.checkpoints.get((src, key)), ingest.rec_sizes.get((src, key), 0)]
-                               for src, key in sorted(plan.checkpoints)]
+                metas, checkpoints = self.session_meta_entries(plan.metas), self.ingest.dump(plan.checkpoints)
             try:
                 snapshot.write_rows(self.io, path, rows, plan.rows_dead, plan.rows_base, metas, checkpoints)
                 self.io.sync_dir(self.dir)
