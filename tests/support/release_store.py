@@ -2,7 +2,8 @@
 
 ``store-log2-snap3`` was written by a real daemon of the release before issue 15's format change,
 ``store-log2-snap4`` by the release before the search index's segments, ``store-log2-snap5`` by the
-release before row segments (``fixtures/make_store.py`` made them and says how); ``expected.json`` beside each is what that daemon answered. ``store-v1`` is release 0.1's (its ``expected.json`` is the messages' ``to_dict`` list). Both
+release before row segments, ``store-log2-snap6`` by the release before the index segments held their slots'
+docs and lengths (``fixtures/make_store.py`` made them and says how); ``expected.json`` beside each is what that daemon answered. ``store-v1`` is release 0.1's (its ``expected.json`` is the messages' ``to_dict`` list). Both
 the in-process and the process tests read them from here, so they check the same thing.
 """
 from __future__ import annotations
@@ -18,11 +19,12 @@ from . import FIXTURES
 STORE = FIXTURES / "store-log2-snap3"
 STORE_SNAP4 = FIXTURES / "store-log2-snap4"  # the release before the search index's segments
 STORE_SNAP5 = FIXTURES / "store-log2-snap5"  # the release before row segments (rows inline, index segments)
+STORE_SNAP6 = FIXTURES / "store-log2-snap6"  # the release before index segments held their slots' docs and lengths
 STORE_0_1 = FIXTURES / "store-v1"
 EXPECTED: dict[str, Any] = json.loads((STORE / "expected.json").read_text())
 # each store made by make_store.py with a release, and what that release answered
 RELEASES: dict[str, tuple[Path, dict[str, Any]]] = {
-    p.name: (p, json.loads((p / "expected.json").read_text())) for p in (STORE, STORE_SNAP4, STORE_SNAP5)
+    p.name: (p, json.loads((p / "expected.json").read_text())) for p in (STORE, STORE_SNAP4, STORE_SNAP5, STORE_SNAP6)
 }
 NOT_STORE = ("expected.json",)   # what a fixture directory holds beside the store
 
