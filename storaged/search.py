@@ -48,7 +48,8 @@ also drops dead postings).  A start maps the segments instead of rebuilding anyt
 the index are its lists in the parts one after the other: a query makes one list per part that holds
 the term, all with the term's idf over the whole index and its bound over all parts — the scores of
 one list of them all.  Slot numbers are fixed once a segment holds them (compact() then only sweeps
-the live lists).
+the live lists), and so are each slot's doc and lengths: a segment holds those of its slots, and
+the dump only those of the slots no segment holds (dump()).
 
 All state lives on the instance, so one thread may fill a fresh index while another queries an
 old one (a rebuild's worker does it in a forked child: compaction.run_child).
@@ -145,8 +146,11 @@ _CJK_CHAR = re.compile(
 # The dump's format string names the layout AND the tokenizer whose terms it holds: a dump is only
 # valid for the stemmer that made its terms.  /1: terms of the hand-written Porter stemmer; /2: of
 # PyStemmer's English Snowball (storaged/tokenize.py).
-_FORMAT = "convmem-search/3"  # /2 and the list of segments the postings below mem_lo are in
-_READABLE_FORMATS = ("convmem-search/2", _FORMAT)  # a /2 dump is a /3 one without segments
+# /3: and the list of segments the postings below mem_lo are in; /4: the segments hold their slots'
+# docs and lengths too, the dump only those of the slots no segment holds, the alive flags as bits, and
+# no doc map (dump()).
+_FORMAT = "convmem-search/4"
+_READABLE_FORMATS = ("convmem-search/2", "convmem-search/3", _FORMAT)  # a /2 dump is a /3 one without segments
 _OUTDATED_FORMATS = ("convmem-search/1",)
 # Segment merging (SearchIndex.plan): a new segment takes in the segments before it while the one
 # before is at most _MERGE_RATIO times its postings (sizes then grow geometrically: a posting is
@@ -1417,7 +1421,12 @@ class SearchIndex:
                 fd[0] = np.append(fd[0][:-1][keep], fd[0][-1])
                 fd[3] = fd[3][keep]
         path = os.path.join(directory, plan.name)
-        segment_write(io, path, plan.slot_lo, plan.slot_hi, vocab, fields, _bigram_chars)
+        lo, hi = plan.slot_lo, plan.slot_hi
+        # copies of the range (array slices), never views of the growing tables: a view left alive
+        # (by a traceback, say) would make every later add() fail to grow them
+        segment_write(io, path, lo, hi, vocab, fields, _bigram_chars,
+                      np.frombuffer(self._slot_doc[lo:hi], np.uint64),
+                      [np.frombuffer(lens[lo:hi], np.uint32) for lens in self._lens])
         return path
 
     def write_and_adopt(self, plan: "SegmentPlan", io, directory: str) -> None:
@@ -2022,7 +2031,13 @@ class SearchIndex:
         """A msgpack-able dict of bytes (and byte views): the state as is (tombstones included, so scores after
         load are identical), posting lists concatenated per field, and the names of the segments
         that hold the postings below ``mem_lo`` (frozen parts must be written first: plan(),
-        write_segment(), adopt())."""
+        write_segment(), adopt()).
+
+        The per-slot tables (each slot's doc and lengths) are in the segments that cover those slots;
+        the dump holds them only for the slots no segment of version 2 covers (``docs``: the live lists'
+        slots, and an older segment's), and the alive flags as one bit a slot. The doc → slot map is
+        not dumped: load() derives it from the live slots' docs. So a snapshot, which rewrites the
+        dump whole, writes what changed since the last one and ~1 bit a message, not ~25 bytes."""
         if any(isinstance(p, _MemPart) for p in self._parts):
             raise ValueError("the index has frozen parts not yet written as segments")
         fields = []
@@ -2037,23 +2052,35 @@ class SearchIndex:
                     "slots": memoryview(all_slots).cast("B"),
                     "keys": memoryview(all_keys).cast("B"),
                     "maxtf": bytes(self._maxtf[f]),
-                    "lens": self._lens[f].tobytes(),
                     "total": self._total_len[f],
                     "nonempty": self._nonempty[f],
                 }
             )
+        nslots = len(self._slot_doc)
         return {
             "format": _FORMAT,
             "byteorder": sys.byteorder,
             "terms": _joined_terms(self._terms),
-            "slot_doc": self._slot_doc.tobytes(),
-            "alive": bytes(self._alive),
-            "docmap": self._docmap.arr.tobytes(),
-            "docmap_extra": [[d, sl] for d, sl in self._docmap.extra.items()],
+            "slots": nslots,
+            "alive": np.packbits(np.frombuffer(bytes(self._alive), np.uint8), bitorder="little").tobytes(),
+            "docs": [[lo, hi, self._slot_doc[lo:hi].tobytes(), [lens[lo:hi].tobytes() for lens in self._lens]]
+                     for lo, hi in self._uncovered(nslots)],
             "fields": fields,
             "mem_lo": self._mem_lo,
             "segments": [[p.name, p.slot_lo, p.slot_hi] for p in self._parts],
         }
+
+    def _uncovered(self, nslots: int) -> list[tuple[int, int]]:
+        """The slot ranges whose per-slot tables no segment holds (in order, adjacent ones joined)."""
+        out: list[tuple[int, int]] = []
+        for lo, hi in [(p.slot_lo, p.slot_hi) for p in self._parts if p.version < 2] + [(self._mem_lo, nslots)]:
+            if lo == hi:
+                continue
+            if out and out[-1][1] == lo:
+                out[-1] = (out[-1][0], hi)
+            else:
+                out.append((lo, hi))
+        return out
 
     @classmethod
     def load(cls, data: dict[str, Any], directory: str | None = None, io=None, verify: bool = True) -> "SearchIndex":
@@ -2068,6 +2095,8 @@ class SearchIndex:
         try:
             self = cls._load(data)
             self._open_segments(data.get("segments", []), data.get("mem_lo", 0), directory, io, verify)
+            if data["format"] == _FORMAT:
+                self._load_per_slot(data)
             return self
         except (KeyError, TypeError, IndexError, AttributeError, OverflowError, UnicodeError) as exc:
             raise ValueError(f"corrupt search index dump ({type(exc).__name__})") from None
@@ -2086,7 +2115,7 @@ class SearchIndex:
                 raise SegmentInvalid(f"segment {name} does not cover the slots the snapshot says")
             self._parts.append(seg)
             at = hi
-        if at != mem_lo or not 0 <= mem_lo <= len(self._slot_doc):
+        if at != mem_lo or not 0 <= mem_lo <= len(self._alive):
             raise SegmentInvalid("the segments do not end where the dump's lists begin")
         if mem_lo:  # (a dump without segments, mem_lo 0, is not walked: the start reads it as it is)
             for f in range(len(FIELDS)):
@@ -2126,16 +2155,27 @@ class SearchIndex:
         check(len(self._vocab) + len(self._free_tids) == len(terms))
         self._term_bytes = sum(map(sys.getsizeof, self._vocab))
         nt = len(terms)
-        self._slot_doc = arr("Q", data["slot_doc"])
-        self._alive = bytearray(data["alive"])
-        nslots = len(self._slot_doc)
-        check(len(self._alive) == nslots and self._alive.count(1) + self._alive.count(0) == nslots)
+        if data["format"] == _FORMAT:  # the per-slot tables come later, from the segments (_load_per_slot)
+            nslots = data["slots"]
+            check(isinstance(nslots, int) and 0 <= nslots < 1 << 32)
+            packed = data["alive"]
+            check(isinstance(packed, bytes) and len(packed) == (nslots + 7) // 8)
+            self._alive = bytearray(np.unpackbits(np.frombuffer(packed, np.uint8), count=nslots, bitorder="little"))
+        else:
+            self._slot_doc = arr("Q", data["slot_doc"])
+            self._alive = bytearray(data["alive"])
+            nslots = len(self._slot_doc)
+            check(len(self._alive) == nslots and self._alive.count(1) + self._alive.count(0) == nslots)
+            dm = self._docmap
+            dm.arr = arr("i", data["docmap"])
+            dm.extra = {int(d): int(sl) for d, sl in data["docmap_extra"]}
+            for f, fd in enumerate(data["fields"]):
+                self._lens[f] = arr("I", fd["lens"])
+                check(len(self._lens[f]) == nslots)
         self._live = self._alive.count(1)
         self._dead = self._unswept = nslots - self._live
-        dm = self._docmap
-        dm.arr = arr("i", data["docmap"])
-        dm.extra = {int(d): int(sl) for d, sl in data["docmap_extra"]}
-        check(len(dm.arr) - dm.arr.count(-1) + len(dm.extra) == self._live)
+        if data["format"] != _FORMAT:
+            check(len(dm.arr) - dm.arr.count(-1) + len(dm.extra) == self._live)
         fields = data["fields"]
         check(isinstance(fields, list) and len(fields) == len(FIELDS))
         for f, fd in enumerate(fields):
@@ -2164,9 +2204,57 @@ class SearchIndex:
             self._slots[f] = slots_f
             self._keys[f] = keys_f
             self._maxtf[f] = bytearray(fd["maxtf"])
-            self._lens[f] = arr("I", fd["lens"])
             self._total_len[f] = int(fd["total"])
             self._nonempty[f] = int(fd["nonempty"])
-            check(len(self._maxtf[f]) == nt and len(self._lens[f]) == nslots)
+            check(len(self._maxtf[f]) == nt)
             self._maxtf_all[f] = max(self._maxtf[f], default=0)
         return self
+
+    def _load_per_slot(self, data: dict[str, Any]) -> None:
+        """Fill the per-slot tables of a current dump from the segments that hold them and the dump's
+        ``docs`` pieces, which together must cover every slot exactly once, then derive the doc → slot
+        map from the live slots (a doc live in two slots is a corrupt dump)."""
+        nslots = len(self._alive)
+        order = "<" if data["byteorder"] == "little" else ">"
+        docs = np.zeros(nslots, np.uint64)
+        lens = [np.zeros(nslots, np.uint32) for _ in FIELDS]
+        pieces = []
+        for part in self._parts:
+            tables = part.per_slot()
+            if tables is not None:
+                pieces.append((part.slot_lo, part.slot_hi, tables[0], tables[1]))
+        for lo, hi, raw_docs, raw_lens in data["docs"]:
+            if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= nslots
+                    and len(raw_docs) == 8 * (hi - lo) and len(raw_lens) == len(FIELDS)
+                    and all(len(x) == 4 * (hi - lo) for x in raw_lens)):
+                raise ValueError("corrupt search index dump (per-slot tables)")
+            pieces.append((lo, hi, np.frombuffer(raw_docs, order + "u8"),
+                           [np.frombuffer(x, order + "u4") for x in raw_lens]))
+        at = 0
+        for lo, hi, piece_docs, piece_lens in sorted(pieces, key=lambda p: p[0]):
+            if lo != at:
+                raise SegmentInvalid("the per-slot tables do not cover every slot once")
+            docs[lo:hi] = piece_docs
+            for f, x in enumerate(piece_lens):
+                lens[f][lo:hi] = x
+            at = hi
+        if at != nslots:
+            raise SegmentInvalid("the per-slot tables do not cover every slot once")
+        self._slot_doc = array("Q")
+        self._slot_doc.frombytes(memoryview(docs).cast("B"))
+        for f, x in enumerate(lens):
+            self._lens[f] = array("I")
+            self._lens[f].frombytes(memoryview(x).cast("B"))
+        live_slots = np.flatnonzero(np.frombuffer(bytes(self._alive), np.uint8))
+        live_docs = docs[live_slots]
+        # the doc map's own rule (_DocMap.set): an array up to about twice the docs, the rare far ones in a dict
+        inside = live_docs < 2 * len(live_docs) + (1 << 16)
+        table = np.full(int(live_docs[inside].max()) + 1 if inside.any() else 0, -1, np.int32)
+        table[live_docs[inside].astype(np.int64)] = live_slots[inside]
+        extra = dict(zip(live_docs[~inside].tolist(), live_slots[~inside].tolist()))
+        if np.count_nonzero(table >= 0) + len(extra) != len(live_docs):  # two slots wrote one entry
+            raise ValueError("corrupt search index dump (a doc live in two slots)")
+        dm = self._docmap
+        dm.arr = array("i")
+        dm.arr.frombytes(memoryview(table).cast("B"))
+        dm.extra = extra

@@ -18,6 +18,14 @@ also drops the postings of deleted docs. The format (docs/format.md §6):
     per field:  post_off u64[terms + 1], slots u32[...], keys u16[...], maxtf u8[terms]
                 term t's postings in the field are slots/keys[post_off[t]:post_off[t + 1]], slots
                 ascending, keys as storaged/search.py packs them; maxtf its highest tf bucket there
+    slot_doc    u64[slot_hi - slot_lo]   the doc of each slot of the range (version 2)
+    per field:  lens u32[slot_hi - slot_lo]   each slot's length in terms in the field (version 2)
+
+The per-slot tables are fixed once a slot is made, like the postings, so they belong here rather
+than in the snapshot's manifest, which is rewritten whole at every snapshot: there they and the doc
+map they imply cost ~25 bytes a message at each one (~120 MB at 5M messages, most of a manifest). A
+version 1 segment (the release before) has no per-slot tables; the search dump then carries that
+range's itself.
 
 Every section starts 8-byte aligned; the numbers after the head are in the writer's native byte
 order (a segment of the other order is refused: the index is then rebuilt from the log). The whole
@@ -43,14 +51,16 @@ __all__ = ["Segment", "SegmentInvalid", "write", "new_name", "is_segment_name", 
            "is_rows_segment_name"]
 
 MAGIC = b"CMSEG\x00\x00\x01"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 NFIELDS = 3
 # magic, version, little-endian flag, fields, terms, chars, slot_lo, slot_hi
 HEAD = struct.Struct("<8sIIIQQQQ")
-N_SECTIONS = 4 + 4 * NFIELDS
-SECTIONS = struct.Struct("<" + "QQ" * N_SECTIONS)
+# sections by version: the term and character tables, each field's postings; then (2) the per-slot tables
+N_SECTIONS = {1: 4 + 4 * NFIELDS, 2: 4 + 4 * NFIELDS + 1 + NFIELDS}
+SECTIONS = {v: struct.Struct("<" + "QQ" * n) for v, n in N_SECTIONS.items()}
 CRC = struct.Struct("<I")
-HEADER_SIZE = HEAD.size + SECTIONS.size + CRC.size
+HEADER_SIZE = {v: HEAD.size + sec.size + CRC.size for v, sec in SECTIONS.items()}
 _LITTLE = 1 if sys.byteorder == "little" else 0
 
 
@@ -84,11 +94,15 @@ def _always(_term: str) -> bool:
 
 
 def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], fields: Sequence,
-          chars_of: Callable[[str], Iterable[str]]) -> int:
+          chars_of: Callable[[str], Iterable[str]], slot_doc: np.ndarray, lens: Sequence[np.ndarray]) -> int:
     """Write a segment file (new, 0600) and fsync it; the caller fsyncs the directory before anything
     names the file. ``terms``: sorted, unique; ``fields[f]``: (post_off u64[len(terms) + 1], slots
     u32, keys u16, maxtf u8[len(terms)]) as numpy arrays; ``chars_of(term)``: the characters a
-    one-character query finds the term by (search.py's rule for CJK bigrams). Returns the size."""
+    one-character query finds the term by (search.py's rule for CJK bigrams); ``slot_doc`` and
+    ``lens[f]``: each slot's doc and length in field f, one per slot of the range. Returns the size."""
+    n_slots = slot_hi - slot_lo
+    if len(slot_doc) != n_slots or len(lens) != NFIELDS or any(len(x) != n_slots for x in lens):
+        raise ValueError("per-slot tables of a wrong length")
     raw_terms = [t.encode("utf-8", "surrogatepass") for t in terms]
     term_off = np.zeros(len(terms) + 1, np.uint64)
     np.cumsum(np.fromiter(map(len, raw_terms), np.uint64, len(raw_terms)), out=term_off[1:])
@@ -99,8 +113,9 @@ def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], f
     for post_off, slots, keys, maxtf in fields:
         body += [np.asarray(post_off, np.uint64), np.asarray(slots, np.uint32), np.asarray(keys, np.uint16),
                  np.asarray(maxtf, np.uint8)]
+    body += [np.asarray(slot_doc, np.uint64), *(np.asarray(x, np.uint32) for x in lens)]
     sections = []
-    pos = HEADER_SIZE
+    pos = HEADER_SIZE[VERSION]
     crc = 0
     for part in body:
         n = part.nbytes if isinstance(part, np.ndarray) else len(part)
@@ -117,7 +132,7 @@ def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], f
             crc = zlib.crc32(pad, crc)
             chunks.append((raw, pad))
         head = HEAD.pack(MAGIC, VERSION, _LITTLE, NFIELDS, len(terms), len(chars), slot_lo, slot_hi)
-        head += SECTIONS.pack(*sections)
+        head += SECTIONS[VERSION].pack(*sections)
         crc = zlib.crc32(head, crc)  # the head too (last, so the body's CRC can run as it is made)
         out = Paced(io, fd)
         out.write(head + CRC.pack(crc))
@@ -154,8 +169,8 @@ class Segment:
     postings come back as memoryviews of the mapping (a one-posting list as a bare int, as the
     in-memory index keeps it), valid while the Segment lives."""
 
-    __slots__ = ("name", "path", "size", "slot_lo", "slot_hi", "n_terms", "maxtf_all", "postings_count", "_buf", "_toff", "_tbytes",
-                 "_char_cp", "_char_term", "_poff", "_slots", "_keys", "_maxtf")
+    __slots__ = ("name", "path", "size", "version", "slot_lo", "slot_hi", "n_terms", "maxtf_all", "postings_count", "_buf",
+                 "_toff", "_tbytes", "_char_cp", "_char_term", "_poff", "_slots", "_keys", "_maxtf", "_slot_doc", "_lens")
 
     def __init__(self, path: str, io: FileIO | None = None, verify: bool = True) -> None:
         """``verify=False`` skips the CRC (reading the whole file): for a segment this process or its
@@ -169,29 +184,33 @@ class Segment:
         except OSError as exc:
             raise SegmentInvalid(f"segment {self.name} cannot be read ({exc.strerror or exc})") from None
         self.size = len(buf)
-        if self.size < HEADER_SIZE:
+        if self.size < HEAD.size:
             raise SegmentInvalid(f"segment {self.name} is truncated")
         magic, version, little, nfields, n_terms, n_chars, lo, hi = HEAD.unpack_from(buf, 0)
-        if magic != MAGIC or version != VERSION or nfields != NFIELDS:
+        if magic != MAGIC or version not in READABLE_VERSIONS or nfields != NFIELDS:
             raise SegmentInvalid(f"segment {self.name} is not a segment of format {VERSION}")
         if little != _LITTLE:
             raise SegmentInvalid(f"segment {self.name} was written in the other byte order")
-        sec = SECTIONS.unpack_from(buf, HEAD.size)
-        (crc,) = CRC.unpack_from(buf, HEAD.size + SECTIONS.size)
+        header_size = HEADER_SIZE[version]
+        if self.size < header_size:
+            raise SegmentInvalid(f"segment {self.name} is truncated")
+        sec = SECTIONS[version].unpack_from(buf, HEAD.size)
+        (crc,) = CRC.unpack_from(buf, header_size - CRC.size)
         try:
-            body_crc = _file_crc(io, path, HEADER_SIZE, self.size) if verify else None
+            body_crc = _file_crc(io, path, header_size, self.size) if verify else None
         except OSError as exc:  # an unreadable segment makes the snapshot unusable, not the start impossible
             raise SegmentInvalid(f"segment {self.name} cannot be read ({exc.strerror or exc})") from None
-        if verify and zlib.crc32(bytes(buf[:HEADER_SIZE - CRC.size]), body_crc) != crc:
+        if verify and zlib.crc32(bytes(buf[:header_size - CRC.size]), body_crc) != crc:
             raise SegmentInvalid(f"segment {self.name} fails its checksum")
         mv = memoryview(buf)
         views = []
-        for i in range(N_SECTIONS):
+        for i in range(N_SECTIONS[version]):
             off, length = sec[2 * i], sec[2 * i + 1]
-            if off % 8 or off < HEADER_SIZE or off + length > self.size:
+            if off % 8 or off < header_size or off + length > self.size:
                 raise SegmentInvalid(f"segment {self.name} has a section out of bounds")
             views.append(mv[off:off + length])
         self._buf = buf
+        self.version = version
         self.slot_lo, self.slot_hi, self.n_terms = lo, hi, n_terms
         try:
             self._toff = views[0].cast("Q")
@@ -205,6 +224,9 @@ class Segment:
                 self._slots.append(views[base + 1].cast("I"))
                 self._keys.append(views[base + 2].cast("H"))
                 self._maxtf.append(views[base + 3])
+            per_slot = 4 + 4 * NFIELDS
+            self._slot_doc = views[per_slot].cast("Q") if version >= 2 else None
+            self._lens = [views[per_slot + 1 + f].cast("I") for f in range(NFIELDS)] if version >= 2 else None
         except TypeError:
             raise SegmentInvalid(f"segment {self.name} has a section of a wrong length") from None
         self._check(n_chars)
@@ -229,6 +251,20 @@ class Segment:
             poff, slots = self._poff[f], self._slots[f]
             if len(poff) != n + 1 or poff[n] != len(slots) or len(self._keys[f]) != len(slots) or len(self._maxtf[f]) != n:
                 raise bad("posting tables of a wrong size")
+        if self.slot_hi < self.slot_lo:
+            raise bad("a slot range that ends before it starts")
+        if self._slot_doc is not None:
+            n_slots = self.slot_hi - self.slot_lo
+            if len(self._slot_doc) != n_slots or any(len(x) != n_slots for x in self._lens):
+                raise bad("per-slot tables of a wrong size")
+
+    def per_slot(self) -> tuple[np.ndarray, list[np.ndarray]] | None:
+        """(each slot's doc, [each slot's length in field f]) for the slot range, as numpy views of the
+        mapping (what a load copies into the index's own tables), or None: a version 1 segment has none."""
+        if self._slot_doc is None:
+            return None
+        return (np.frombuffer(self._slot_doc, np.uint64),
+                [np.frombuffer(x, np.uint32) for x in self._lens])
 
     def export(self, f: int) -> tuple:
         """(term index of each non-empty list, its length, all slots, all keys) of field f as numpy

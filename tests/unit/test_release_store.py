@@ -12,7 +12,7 @@ import os
 import pytest
 
 from storaged.store import Store
-from tests.support.release_store import RELEASES, STORE, STORE_SNAP4, STORE_SNAP5, copy_store, without_event
+from tests.support.release_store import RELEASES, STORE, STORE_SNAP4, STORE_SNAP5, STORE_SNAP6, copy_store, without_event
 
 pytestmark = pytest.mark.unit
 
@@ -130,6 +130,44 @@ def test_a_snapshot_with_inline_rows_is_read_as_it_is_and_the_next_one_writes_a_
     [[name, n, _]] = again.row_segments
     assert n == len(again.by_id) == len(expected["messages"]) and (d / name).exists()
     assert {w: [h.doc for h in again.search.search(w, 50)] for w in hits} == hits
+    for m in expected["messages"]:
+        assert again.by_id[m["message_id"]].to_dict() == without_event(m)
+    again.close()
+
+
+def test_the_release_before_per_slot_segments_is_read_and_its_slots_carried_until_merged(tmp_path):
+    """The release before wrote index segments of version 1 (postings only) and a search dump (/3)
+    holding every slot's doc and lengths: the start reads both, and a dump (/4) made while those
+    segments are still in use holds their per-slot tables itself (nothing else does). The next
+    snapshot merges them into a version 2 segment, after which the dump holds none, and the start
+    after it has the same tables and answers with the same docs (a merge drops dead postings, so the
+    scores move with the df)."""
+    from storaged import search as search_mod
+
+    d = copy_store(STORE_SNAP6, tmp_path / "d")
+    expected = RELEASES[STORE_SNAP6.name][1]
+    first = Store.open(str(d))
+    assert first.snapshot_valid and not first.snapshot_outdated
+    index = first.search
+    assert index._parts and all(p.version == 1 for p in index._parts)
+    hits = {w: [h.doc for h in index.search(w, 50)] for w in ("migration", "移行", "postgres")}
+    assert all(hits.values())
+    tables = (bytes(index._slot_doc), [bytes(x) for x in index._lens], bytes(index._alive))
+    dump = index.dump()
+    assert dump["format"] == search_mod._FORMAT
+    assert [(lo, hi) for lo, hi, _, _ in dump["docs"]] == [(0, len(index._slot_doc))]
+    back = search_mod.SearchIndex.load(dump, first.dir, first.io)
+    assert (bytes(back._slot_doc), [bytes(x) for x in back._lens], bytes(back._alive)) == tables
+    assert {w: [h.doc for h in back.search(w, 50)] for w in hits} == hits
+    assert first.write_snapshot()
+    first.close()
+    again = Store.open(str(d))
+    assert again.snapshot_valid and again.snapshot_pos == again.log_size()
+    index = again.search
+    assert index._parts and all(p.version == 2 for p in index._parts)
+    assert index.dump()["docs"] == []
+    assert (bytes(index._slot_doc), [bytes(x) for x in index._lens], bytes(index._alive)) == tables
+    assert {w: [h.doc for h in index.search(w, 50)] for w in hits} == hits
     for m in expected["messages"]:
         assert again.by_id[m["message_id"]].to_dict() == without_event(m)
     again.close()

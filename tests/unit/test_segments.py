@@ -168,15 +168,29 @@ def test_a_damaged_or_foreign_segment_is_refused(tmp_path, damage):
         SearchIndex.load(dump, str(tmp_path), FileIO())
 
 
+def _format_3_dump(index: SearchIndex) -> dict:
+    """The dump the releases before per-slot segments wrote (/3): every slot's doc and lengths, the
+    alive flags as bytes, and the doc map, beside what a current dump holds."""
+    dump = index.dump()
+    for f, fd in enumerate(dump["fields"]):
+        fd["lens"] = index._lens[f].tobytes()
+    for key in ("slots", "docs"):
+        del dump[key]
+    return dict(dump, format="convmem-search/3", slot_doc=index._slot_doc.tobytes(), alive=bytes(index._alive),
+                docmap=index._docmap.arr.tobytes(), docmap_extra=[[d, sl] for d, sl in index._docmap.extra.items()])
+
+
 def test_a_format_2_dump_loads_without_segments():
     index = SearchIndex()
     for seq, c, s, t in _docs(100):
         index.add(seq, c, s, t)
-    dump = index.dump()
+    index.remove(7)
+    dump = _format_3_dump(index)
     dump["format"] = "convmem-search/2"
     del dump["segments"], dump["mem_lo"]
     back = SearchIndex.load(dump)
     _assert_same(index, back)
+    assert bytes(back._alive) == bytes(index._alive) and back._docmap.get(7) == -1
 
 
 def test_merges_stop_at_the_size_cap(tmp_path, monkeypatch):
