@@ -60,9 +60,11 @@ LOG = logging.getLogger("convmem.storaged")
 # A snapshot is taken in the background (by a forked child, which sees a frozen copy-on-write image
 # of the state, the way Redis does it) once this much log lies beyond it, so that a start after a
 # crash replays a bounded tail instead of everything since the last clean stop. Since row segments
-# (snapshot.py) one writes the rows changed since the one before, not every row, so they can be five
-# times as frequent as before (50 000 / 64 MiB) for about the same bytes written at 275k messages.
-SNAPSHOT_EVERY_RECORDS = 10_000
+# (snapshot.py) one writes the rows changed since the one before, not every row, and since the index
+# segments hold their slots' docs and lengths (segment.py) the manifest is ~1 bit a message beside
+# what changed, so they can be ten times as frequent as before (50 000 / 64 MiB): a start after SIGKILL
+# replays and indexes at most ~5 000 records (~300 us each to index).
+SNAPSHOT_EVERY_RECORDS = 5_000
 SNAPSHOT_EVERY_BYTES = 16 * L.MiB
 SNAPSHOT_CHILD_MAX_S = 600.0
 
