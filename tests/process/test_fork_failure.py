@@ -182,3 +182,48 @@ def test_a_rebuild_whose_worker_cannot_be_forked_answers_busy_and_a_retry_rebuil
     finally:
         server.close()
         store.close()
+
+
+def _event(ts: int, n: int) -> dict:
+    return {"message_id": str(_ulid(ts, n)), "session_id": "imp", "timestamp": ts, "role": "user",
+            "content": f"imported {n}"}
+
+
+def test_a_rebuild_that_waited_for_imports_and_cannot_fork_reports_busy_to_its_poll(tmp_path, fork_fails):
+    """A rebuild asked for while an import is in progress starts when the import is stored (what
+    ``Server._serve`` does: ``_start_waiting_rebuild``); its requester, told REBUILDING, polls
+    rebuild_status and gets the BUSY there. Sent again under its request id, it starts."""
+    store = Store.open(str(tmp_path / "data"))
+    server = Server(store, "inproc://convmem-fork-fails-waiting-rebuild")
+    sent: list[dict] = []
+    server._reply = lambda envelope, reply: sent.append(reply)  # the socket's side, noted
+    try:
+        _messages(store, 30)
+        imported = [_event(1_767_225_600_000 + n, n) for n in range(5)]
+        assert call(server, "import_messages", {"messages": imported}) is None  # queued
+        rebuild_rid = rid()
+        assert call(server, "rebuild_index", {}, rebuild_rid)["status"] == wire.REBUILDING
+        assert server.rebuild_waiting
+        fork_fails(True)
+        while server.imports:
+            server._import_slice(None)
+        server._start_waiting_rebuild()
+        assert sent == [{"status": "OK", "imported": 5, "existing": 0}]
+        status = call(server, "rebuild_status", {"rebuild_id": rebuild_rid})
+        assert _is_retryable_busy(status), status
+        assert _not_rebuilding(server)
+        assert call(server, "write_message", {"session_id": "s1", "role": "user", "content": "y"})["status"] == "OK"
+        more = [_event(1_767_225_700_000 + n, n) for n in range(5)]
+        assert call(server, "import_messages", {"messages": more}) is None  # imports taken again, not BUSY
+        while server.imports:
+            server._import_slice(None)
+        before = live_state(store)
+
+        fork_fails(False)
+        again = call(server, "rebuild_index", {}, rebuild_rid)
+        assert again["status"] == wire.REBUILDING, again
+        assert run_rebuild(server, rebuild_rid)["status"] == "OK"
+        assert live_state(store) == before
+    finally:
+        server.close()
+        store.close()
