@@ -660,8 +660,12 @@ class Server:
 
     # ---------------------------------------------------------------- rebuild beside the loop
     def _rebuild_index(self, args: R.RebuildIndex, rid: str) -> dict[str, Any]:
-        if rid in self.rebuild_results:
-            return self.rebuild_results[rid]
+        kept = self.rebuild_results.get(rid)
+        if kept is not None:
+            if not (E.is_error_reply(kept) and kept["error"]["code"] in E.RETRYABLE):
+                return kept
+            # it ended BUSY (its worker could not be forked): the same request sent again starts it again
+            del self.rebuild_results[rid]
         if self.store.rebuilding or self.rebuild_waiting:
             if rid == self.rebuild_id:
                 return self._rebuilding_reply()

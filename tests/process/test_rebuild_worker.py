@@ -15,6 +15,7 @@ import pytest
 from protocol import wire
 from storaged import children
 from tests.support.daemon_proc import Daemon, pid_alive
+from tests.support.loop_steps import run_rebuild
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -183,19 +184,6 @@ def test_a_damaged_text_the_worker_finds_marks_the_store_damaged(tmp_path):
             assert not TEMPS & set(os.listdir(data))
 
 
-def _run_rebuild(server, rid: str) -> dict:
-    """What the request loop does for a rebuild once its worker was forked: reap it, read its
-    result in steps, install it (no relocation step in between: the test decides when it moves)."""
-    from storaged import children
-
-    code = children.reap(server.rebuild_child, block=True)
-    server._rebuild_exited(code)
-    while server.rebuild_reading is not None:
-        server._read_rebuild_step()
-    server._finish_rebuild()
-    return server.rebuild_results[rid]
-
-
 def test_a_rebuild_right_after_another_reads_no_log_the_first_one_frees(tmp_path, monkeypatch):
     """A rebuild asked for while the messages still move off the log an earlier rebuild replaced
     (Store.relocate_step): the old log's blocks are cut away once the last has moved, and the new
@@ -221,7 +209,7 @@ def test_a_rebuild_right_after_another_reads_no_log_the_first_one_frees(tmp_path
             assert rep["status"] == wire.REBUILDING, rep
             return rep["rebuild_id"]
 
-        assert _run_rebuild(server, rebuild())["status"] == "OK"
+        assert run_rebuild(server, rebuild())["status"] == "OK"
         assert store.relocation is not None  # the messages still read the replaced log
         old_log = os.dup(store.relocation.old_fd)
         try:
@@ -231,7 +219,7 @@ def test_a_rebuild_right_after_another_reads_no_log_the_first_one_frees(tmp_path
             _wait(lambda: os.fstat(old_log).st_size == 0)
         finally:
             os.close(old_log)
-        rep = _run_rebuild(server, second)
+        rep = run_rebuild(server, second)
         assert rep["status"] == "OK", rep
         assert store.corrupt is None and store.health()["status"] == "OK"
         assert live_state(store) == before

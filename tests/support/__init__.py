@@ -4,6 +4,7 @@
   ``bench.daemon``, which the crash-loop benchmark drives too), plus the tests' own process helpers;
 - ``mcp_fixtures``: front-end processes and the SDK's MCP client, as pytest fixtures;
 - ``admin_cli``: the ``convmem`` command line run as a process;
+- ``loop_steps``: the daemon's request loop (``storaged.server.Server``) driven a step at a time in-process;
 - ``faultio``: file layers that fail on purpose or model a power cut, and store shorthands;
 - ``release_store``: stores written by earlier releases (in ``fixtures/``) and what they answered;
 - ``clockshift``: a process whose wall clock reads as another day (a fixture's request ids are fresh then);
