@@ -62,9 +62,11 @@ LOG = logging.getLogger("convmem.storaged")
 # crash replays a bounded tail instead of everything since the last clean stop. Since row segments
 # (snapshot.py) one writes the rows changed since the one before, not every row, and since the index
 # segments hold their slots' docs and lengths (segment.py) the manifest is ~1 bit a message beside
-# what changed, so they can be ten times as frequent as before (50 000 / 64 MiB): a start after SIGKILL
-# replays and indexes at most ~5 000 records (~300 us each to index).
-SNAPSHOT_EVERY_RECORDS = 5_000
+# what changed, so they can be five times as frequent as before (50 000 / 64 MiB). Not more: at 200k
+# events a child takes 5-10 s (indexing what was queued, merging segments), so under a bulk import
+# they run back to back whatever the period, and 5 000 (bench/SPIKES.md, part 6) cost ingest ~12% and
+# left a longer tail at a SIGKILL (the snapshot installed last was a child's time older).
+SNAPSHOT_EVERY_RECORDS = 10_000
 SNAPSHOT_EVERY_BYTES = 16 * L.MiB
 SNAPSHOT_CHILD_MAX_S = 600.0
 
@@ -112,6 +114,9 @@ BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch and import slice, s
 RELOCATE_STEP = 8192
 RELOCATE_STEP_BUSY = 1024
 INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
+# the most a start's replayed tail holds background snapshots back while the loop indexes it
+# (Server._background_snapshot): ~10 s of indexing at 300 us a message for a tail of 30k
+REPLAY_CATCH_UP_MAX_S = 60.0
 # A search first indexes what is queued, for up to SEARCH_CATCH_UP_S when at most
 # SEARCH_CATCH_UP_SMALL messages are queued (a host's own recent writes: it reads them back, not a
 # BUSY), else for SEARCH_CATCH_UP_BIG_S only — every client waits behind it, and a restart's replayed
@@ -212,6 +217,10 @@ class Server:
     def install_store(self, store: Store) -> None:
         """Start serving ``store``: every op gets its handler."""
         store.index_queue_max = INDEX_QUEUE_MAX
+        # the last message the open replayed into the index's queue (0: none), and until when the
+        # background snapshots wait for the loop to index them (_background_snapshot)
+        self.replayed_until = store.unindexed[-1] if store.unindexed else 0
+        self.replay_wait_until = time.monotonic() + REPLAY_CATCH_UP_MAX_S
         history = HistoryViews(store)
         self.handlers = {
             "ping": self._ping,
@@ -483,6 +492,15 @@ class Server:
         store = self.store
         if not self.snapshot_every_records or store.rebuilding or not store.snapshot_due():
             return
+        # A start's replayed tail is indexed by the loop before any snapshot: a child forked now would
+        # index the same messages again on the other core, while the loop, indexing them too, would
+        # copy on write every page it touches that the child still shares — a start after SIGKILL
+        # served its first search seconds later for it. The snapshot follows as soon as they are indexed.
+        if self.replayed_until:
+            if (store.unindexed and store.unindexed[0] <= self.replayed_until
+                    and time.monotonic() < self.replay_wait_until):
+                return
+            self.replayed_until = 0
         log_grew = (store.record_count - store.snapshot_records >= self.snapshot_every_records
                     or store.writer.size - max(store.snapshot_pos, 0) >= SNAPSHOT_EVERY_BYTES)
         # the snapshot on disk left many messages for the search index to catch up on (a replay or an

@@ -181,3 +181,55 @@ def test_snapshot_every_zero_takes_none_in_the_background(tmp_path):
             assert c.health()["snapshot_size"] == 0
         d.terminate()  # a clean stop still writes one
         assert (data / "snapshot").exists()
+
+
+def test_a_start_indexes_its_replayed_tail_before_it_forks_a_snapshot(tmp_path, monkeypatch):
+    """The loop indexes a start's replayed tail before any background snapshot: a child forked at once
+    would index the same messages again on the other core while the loop's writes to pages the child
+    shares are copied, which held a start after SIGKILL's first search back by seconds. The snapshot
+    follows once the tail is indexed, and after REPLAY_CATCH_UP_MAX_S whatever is left. The daemon's
+    loop is driven in-process (the fork is real)."""
+    from storaged import server as server_mod
+    from storaged.server import Server
+    from storaged.store import Store
+    from tests.support.faultio import write
+
+    d = str(tmp_path / "data")
+    store = Store.open(d)
+    for i in range(30):
+        write(store, "s1", f"before the snapshot {i}")
+    store.index_step(None)
+    assert store.write_snapshot()
+    for i in range(60):
+        write(store, "s2", f"the tail {i} kiwi")
+    store.close()  # no snapshot: as if killed
+    for waited_out in (False, True):
+        store = Store.open(d)
+        assert len(store.unindexed) == 60 and store.snapshot_pos < store.log_size()
+        if waited_out:
+            monkeypatch.setattr(server_mod, "REPLAY_CATCH_UP_MAX_S", 0.0)
+        server = Server(store, f"inproc://convmem-replay-catch-up-{waited_out}")
+        server.snapshot_every_records = 10
+        try:
+            server._background_snapshot()
+            if not waited_out:
+                assert server.snapshot_child is None  # the tail is the loop's first
+                write(store, "s3", "written while the tail is indexed")
+                server._background_snapshot()
+                assert server.snapshot_child is None
+                store.index_step(None)
+                assert not store.unindexed
+                server._background_snapshot()
+            assert server.snapshot_child is not None
+            server._reap_snapshot_child(block=True)
+            assert store.snapshot_pos == store.log_size()
+        finally:
+            server.close()
+            store.close()
+        if not waited_out:  # the next start replays nothing; make a tail again for the second round
+            again = Store.open(d)
+            assert again.snapshot_pos == again.log_size() and not again.unindexed
+            again.index_step(None)
+            for i in range(60):
+                write(again, "s4", f"another tail {i}")
+            again.close()
