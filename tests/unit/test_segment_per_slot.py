@@ -14,7 +14,7 @@ from storaged import segment as segment_mod
 from storaged.fileio import FileIO
 from storaged.search import SearchIndex
 from storaged.segment import Segment, SegmentInvalid
-from tests.unit.test_segments import _assert_same, _docs, _snapshot
+from tests.unit.test_segments import _assert_same, _docs, _index_of, _snapshot
 
 pytestmark = pytest.mark.unit
 
@@ -131,9 +131,7 @@ def test_per_slot_tables_that_do_not_fit_the_slot_range_are_refused(tmp_path):
     """By the writer, and by the reader even in a file whose checksum holds (a head that says one slot
     more than the tables hold, its CRC made to match)."""
     io = FileIO()
-    index = SearchIndex()
-    for seq, c, s, t in _docs(50):
-        index.add(seq, c, s, t)
+    index = _index_of(_docs(50))
     plan = index.plan()
     with pytest.raises(ValueError):
         segment_mod.write(io, str(tmp_path / "index.0000000000000001.seg"), plan.slot_lo, plan.slot_hi,

@@ -35,6 +35,13 @@ def _docs(n: int, seed: int = 7) -> list[tuple[int, str, str | None, list[str]]]
             for seq in range(1, n + 1)]
 
 
+def _index_of(docs) -> SearchIndex:
+    index = SearchIndex()
+    for seq, c, s, t in docs:
+        index.add(seq, c, s, t)
+    return index
+
+
 def _results(index: SearchIndex, query: str, limit: int = 20) -> list[tuple[int, float]]:
     return [(h.doc, h.score) for h in index.search(query, limit)]
 
@@ -118,9 +125,7 @@ def test_deletes_and_merges(tmp_path, monkeypatch):
 
 def test_dump_refuses_frozen_parts_and_stale_plans_are_not_adopted(tmp_path):
     io = FileIO()
-    index = SearchIndex()
-    for seq, c, s, t in _docs(50):
-        index.add(seq, c, s, t)
+    index = _index_of(_docs(50))
     plan = index.plan()
     with pytest.raises(ValueError):
         index.dump()
