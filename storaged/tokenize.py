@@ -13,9 +13,17 @@ overlapping character bigrams (a one-character run stays a unigram).  A query ru
 way, so `データベース移行` reaches `本番データベースの移行を決定した` through shared bigrams, and a
 two-character query is exactly one bigram.
 
-Everything here is a pure function of its input: the caches are thread-safe `functools.lru_cache`s
-and the stemmer is called under a lock, so any thread can tokenise while the main thread queries
-(a lock no other thread holds at a fork either: only the loop's thread tokenises in the daemon).  The terms depend on the stemmer: changing it changes the search dump's format string
+Everything here is a pure function of its input: the caches are a dict (`_TERMS`: a word's term, emptied
+when full; each operation on it is atomic under the GIL, and a race only computes a term twice) and a
+`functools.lru_cache`, and the stemmer is called under a lock, so any thread can tokenise while the main
+thread queries (a lock no other thread holds at a fork either: only the loop's thread tokenises in the
+daemon).
+
+Indexing is the daemon's costliest work per event (ingest, a start's replayed tail, a snapshot's
+catch-up), and this module is half of it, so `index_terms` keeps its per-word work in C where it can:
+an ASCII text (most tool output) is cut into words by `str.translate` and `split` instead of the word
+regex (the same words: `_ascii_words`), and each word's term is one dict lookup in `_TERMS`, mapped and
+filtered without a Python-level loop.  The terms depend on the stemmer: changing it changes the search dump's format string
 (storaged/search.py), so an index built with another stemmer is never read.
 """
 
@@ -86,8 +94,8 @@ def normalize(text: str) -> str:
 
 
 # One Snowball instance behind a lock: PyStemmer documents that an instance has internal state and must
-# not be called concurrently, and threads may tokenise beside each other (in-process tools and tests).  Only _word_term's
-# cache misses get here, so the lock is cheap; PyStemmer's own cache is off, being redundant with it.
+# not be called concurrently, and threads may tokenise beside each other (in-process tools and tests).  Only _TERMS's
+# misses get here, so the lock is cheap; PyStemmer's own cache is off, being redundant with it.
 _SNOWBALL = Stemmer.Stemmer("english", 0)
 _SNOWBALL_LOCK = threading.Lock()
 
@@ -100,8 +108,7 @@ def stem(word: str) -> str:
         return _SNOWBALL.stemWord(word)
 
 
-@lru_cache(maxsize=1 << 16)  # ~10 MB when full; Zipf makes the hit rate high
-def _word_term(word: str) -> str | None:
+def _compute_term(word: str) -> str | None:
     """Term for one matched word (already normalised), or None if nothing indexable is left."""
     if "'" in word or "’" in word:
         word = _CLITIC_RE.sub("", word).replace("’", "").replace("'", "")
@@ -114,6 +121,24 @@ def _word_term(word: str) -> str | None:
         if m:
             return m.group(1)
     return stem(word)
+
+
+class _TermCache(dict):
+    """word → its term (``_compute_term``), computed on a miss. A plain dict, because a hit is then one
+    C-level lookup (``_word_term`` is its ``__getitem__``): ~2x an lru_cache's wrapper. Bounded by
+    emptying it when full (~10 MB at _TERMS_MAX words); Zipf refills the common words at once."""
+
+    def __missing__(self, word: str) -> str | None:
+        term = _compute_term(word)
+        if len(self) >= _TERMS_MAX:
+            self.clear()
+        self[word] = term
+        return term
+
+
+_TERMS_MAX = 1 << 16
+_TERMS = _TermCache()
+_word_term = _TERMS.__getitem__
 
 
 @lru_cache(maxsize=1 << 15)
@@ -143,18 +168,42 @@ def _cjk_grams(run: str) -> list[str]:
     return [run[i : i + 2] for i in range(len(run) - 1)]
 
 
+# After NFKC and casefold an ASCII text's word characters ([^\W_]) are [a-z0-9]: every other ASCII
+# character but the apostrophe becomes a space (upper case cannot remain, but is cut too).
+_ASCII_CUT = str.maketrans({c: " " for c in map(chr, range(128))
+                            if not (c.isalnum() and not c.isupper()) and c != "'"})
+
+
+def _ascii_words(text: str) -> list[str]:
+    """``_WORD_RE.findall(text)`` for a normalised ASCII text, in C: the runs of [a-z0-9'] are the
+    words, but for a run holding an apostrophe, which the regex cuts itself (only an inner one between
+    two letters or digits joins)."""
+    runs = text.translate(_ASCII_CUT).split()
+    if "'" not in text:
+        return runs
+    words: list[str] = []
+    for run in runs:
+        if "'" in run:
+            words.extend(_WORD_RE.findall(run))
+        else:
+            words.append(run)
+    return words
+
+
 def index_terms(text: str) -> list[str]:
     """All terms of a text, with repeats (term frequency counts them); order not significant."""
     if not text:
         return []
     text = _prepare(text)
     runs = ()
-    if not text.isascii():
+    if text.isascii():
+        words = _ascii_words(text)
+    else:
         runs = _CJK_RE.findall(text)
         if runs:
             text = _CJK_RE.sub(" ", text)
-    words = _WORD_RE.findall(text)
-    out = [t for t in map(_word_term, words) if t is not None]
+        words = _WORD_RE.findall(text)
+    out = list(filter(None, map(_word_term, words)))  # a term is never empty: None is what is dropped
     if _DIGIT_RE.search(text):
         for w in words:
             if not w.isalpha() and not w.isdigit():
