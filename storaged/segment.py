@@ -60,6 +60,7 @@ HEAD = struct.Struct("<8sIIIQQQQ")
 N_SECTIONS = {1: 4 + 4 * NFIELDS, 2: 4 + 4 * NFIELDS + 1 + NFIELDS}
 SECTIONS = {v: struct.Struct("<" + "QQ" * n) for v, n in N_SECTIONS.items()}
 CRC = struct.Struct("<I")
+SAMPLE = 128  # a lookup's first bisection is of every SAMPLE-th term (Segment._lower_bound)
 HEADER_SIZE = {v: HEAD.size + sec.size + CRC.size for v, sec in SECTIONS.items()}
 _LITTLE = 1 if sys.byteorder == "little" else 0
 
@@ -170,7 +171,8 @@ class Segment:
     in-memory index keeps it), valid while the Segment lives."""
 
     __slots__ = ("name", "path", "size", "version", "slot_lo", "slot_hi", "n_terms", "maxtf_all", "postings_count", "_buf",
-                 "_toff", "_tbytes", "_char_cp", "_char_term", "_poff", "_slots", "_keys", "_maxtf", "_slot_doc", "_lens")
+                 "_toff", "_tbytes", "_char_cp", "_char_term", "_poff", "_slots", "_keys", "_maxtf", "_slot_doc", "_lens",
+                 "_samples")
 
     def __init__(self, path: str, io: FileIO | None = None, verify: bool = True) -> None:
         """``verify=False`` skips the CRC (reading the whole file): for a segment this process or its
@@ -210,6 +212,7 @@ class Segment:
                 raise SegmentInvalid(f"segment {self.name} has a section out of bounds")
             views.append(mv[off:off + length])
         self._buf = buf
+        self._samples: list[bytes] | None = None  # every SAMPLE-th term, made by the first lookup
         self.version = version
         self.slot_lo, self.slot_hi, self.n_terms = lo, hi, n_terms
         try:
@@ -294,16 +297,20 @@ class Segment:
         return -1
 
     def _lower_bound(self, raw: bytes) -> int:
-        """The first term index whose bytes are not below ``raw`` (binary search)."""
-        lo, hi = 0, self.n_terms
+        """The first term index whose bytes are not below ``raw``: a bisection of every SAMPLE-th term
+        (kept as bytes once the segment is first searched: ~0.5% of its terms), then one within the
+        block it leaves, both in C with the terms read from the mapping as keys. A query looks up
+        each of its terms in every segment (~90 lookups a query at 200k events), and the plain
+        bisection of ~21 steps in Python was ~10% of a search."""
+        samples = self._samples
+        if samples is None:
+            samples = self._samples = [self._term_bytes(t) for t in range(0, self.n_terms, SAMPLE)]
+        j = bisect_left(samples, raw)
+        if j == 0:
+            return 0
+        lo, hi = (j - 1) * SAMPLE + 1, min(j * SAMPLE, self.n_terms)
         tb, toff = self._tbytes, self._toff
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if bytes(tb[toff[mid]:toff[mid + 1]]) < raw:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return lo + bisect_left(range(lo, hi), raw, key=lambda t: bytes(tb[toff[t]:toff[t + 1]]))
 
     def postings(self, f: int, t: int):
         """(slots, keys, maxtf) of term t in field f, or None: slots and keys a bare int each for a

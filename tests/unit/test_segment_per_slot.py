@@ -149,3 +149,25 @@ def test_per_slot_tables_that_do_not_fit_the_slot_range_are_refused(tmp_path):
         f.write(raw)
     with pytest.raises(SegmentInvalid, match="per-slot"):
         Segment(path, io)
+
+
+def test_a_term_lookup_finds_the_first_term_not_below_it(tmp_path):
+    """Segment._lower_bound against a plain scan, for every term and for the gaps before, between and
+    after them, across several of its sample blocks (segment.SAMPLE terms each)."""
+    io = FileIO()
+    terms = sorted({f"t{i:05d}" for i in range(0, 3 * segment_mod.SAMPLE + 17, 1)} | {"東京", "データ"},
+                   key=lambda t: t.encode())
+    index = SearchIndex()
+    for seq, term in enumerate(terms, 1):
+        index.add(seq, term, None, [])
+    plan = index.plan()
+    seg = Segment(index.write_segment(plan, io, str(tmp_path)), io)
+    stored = seg.term_list()
+    assert len(stored) == seg.n_terms > 3 * segment_mod.SAMPLE
+    raws = [t.encode() for t in stored]
+    probes = raws + [r + b"\x00" for r in raws] + [r[:-1] for r in raws] + [b"", b"a", b"t", b"\xff\xff"]
+    for raw in probes:
+        assert seg._lower_bound(raw) == sum(1 for r in raws if r < raw), raw
+    for t in stored:
+        assert seg.lookup(t) == stored.index(t)
+    assert seg.lookup("t99999") == -1 and seg.lookup("a") == -1
