@@ -1519,11 +1519,16 @@ class SearchIndex:
 
     def idle_step(self) -> bool:
         """One bounded step of the work no request waits for (freeing lists a segment replaced; the
-        prefix list's build, started here if no query started it); True while some remains. The
+        samples of a segment's terms; the prefix list's build, started here if no query started it);
+        True while some remains. The
         daemon calls it when its loop is idle, so that the first prefix query finds the list built."""
         if self._retired:
             self.release_step()
             return True
+        for part in self._parts:  # the samples a segment's term lookups bisect first (Segment.sample_step)
+            if isinstance(part, Segment) and not part.sampled():
+                part.sample_step()
+                return True
         if self._prefix is None and not self._terms:
             return False
         self._prefix_step()

@@ -153,7 +153,8 @@ def test_per_slot_tables_that_do_not_fit_the_slot_range_are_refused(tmp_path):
 
 def test_a_term_lookup_finds_the_first_term_not_below_it(tmp_path):
     """Segment._lower_bound against a plain scan, for every term and for the gaps before, between and
-    after them, across several of its sample blocks (segment.SAMPLE terms each)."""
+    after them, across several of its sample blocks (segment.SAMPLE terms each), before, while and
+    after its samples are made a step at a time."""
     io = FileIO()
     terms = sorted({f"t{i:05d}" for i in range(0, 3 * segment_mod.SAMPLE + 17, 1)} | {"東京", "データ"},
                    key=lambda t: t.encode())
@@ -166,8 +167,27 @@ def test_a_term_lookup_finds_the_first_term_not_below_it(tmp_path):
     assert len(stored) == seg.n_terms > 3 * segment_mod.SAMPLE
     raws = [t.encode() for t in stored]
     probes = raws + [r + b"\x00" for r in raws] + [r[:-1] for r in raws] + [b"", b"a", b"t", b"\xff\xff"]
-    for raw in probes:
-        assert seg._lower_bound(raw) == sum(1 for r in raws if r < raw), raw
-    for t in stored:
-        assert seg.lookup(t) == stored.index(t)
-    assert seg.lookup("t99999") == -1 and seg.lookup("a") == -1
+    expected = [sum(1 for r in raws if r < raw) for raw in probes]
+    steps = 0
+    while True:  # before the samples are made (a plain bisection), while they are, and after
+        assert [seg._lower_bound(raw) for raw in probes] == expected
+        for t in stored:
+            assert seg.lookup(t) == stored.index(t)
+        assert seg.lookup("t99999") == -1 and seg.lookup("a") == -1
+        if seg.sampled():
+            break
+        seg.sample_step(1)
+        steps += 1
+    assert steps == len(range(0, seg.n_terms, segment_mod.SAMPLE)) and seg._samples == raws[::segment_mod.SAMPLE]
+
+
+def test_the_index_s_idle_steps_make_every_segment_s_samples(tmp_path):
+    io = FileIO()
+    index = _index_with_segments(tmp_path, io)
+    back = SearchIndex.load(index.dump(), str(tmp_path), io)
+    assert back._parts and not any(p.sampled() for p in back._parts)
+    for _ in range(1000):
+        if not back.idle_step():
+            break
+    assert all(p.sampled() for p in back._parts)
+    _assert_same(index, back)
