@@ -191,3 +191,23 @@ def test_the_index_s_idle_steps_make_every_segment_s_samples(tmp_path):
             break
     assert all(p.sampled() for p in back._parts)
     _assert_same(index, back)
+
+
+
+def test_a_load_keeps_sparse_docs_in_the_doc_map_s_array(tmp_path):
+    """Docs are seqs, sparse once messages are deleted or replaced: the doc map the load derives must
+    keep them in its array as the index did, not in its dict (~30x the bytes a doc), and the docs added
+    after the load must go to the array as they did before the dump, not follow them into the dict."""
+    io = FileIO()
+    index = SearchIndex()
+    for seq in range(0, 3000 * 100, 100):  # one live message in 100 seqs
+        index.add(seq, f"w{seq % 97} x", None, [])
+    _snapshot(index, str(tmp_path), io)
+    assert not index._docmap.extra
+    back = SearchIndex.load(msgpack.unpackb(msgpack.packb(index.dump(), use_bin_type=True), raw=False),
+                            str(tmp_path), io)
+    assert _tables(back) == _tables(index)
+    for ix in (index, back):
+        for seq in range(3000 * 100, 3100 * 100, 100):
+            ix.add(seq, "after the load", None, [])
+    assert (len(back._docmap.extra), len(index._docmap.extra)) == (0, 0)
