@@ -2067,6 +2067,7 @@ class SearchIndex:
             "byteorder": sys.byteorder,
             "terms": _joined_terms(self._terms),
             "slots": nslots,
+            "docmap_len": len(self._docmap.arr),
             "alive": np.packbits(np.frombuffer(bytes(self._alive), np.uint8), bitorder="little").tobytes(),
             "docs": [[lo, hi, self._slot_doc[lo:hi].tobytes(), [lens[lo:hi].tobytes() for lens in self._lens]]
                      for lo, hi in self._uncovered(nslots)],
@@ -2252,9 +2253,16 @@ class SearchIndex:
             self._lens[f].frombytes(memoryview(x).cast("B"))
         live_slots = np.flatnonzero(np.frombuffer(bytes(self._alive), np.uint8))
         live_docs = docs[live_slots]
-        # the doc map's own rule (_DocMap.set): an array up to about twice the docs, the rare far ones in a dict
-        inside = live_docs < 2 * len(live_docs) + (1 << 16)
-        table = np.full(int(live_docs[inside].max()) + 1 if inside.any() else 0, -1, np.int32)
+        # The doc map as it was: the docs below its array's length in the array, the rest (which _DocMap.set
+        # put in its dict) in the dict. Docs are seqs, sparse once messages are deleted: a rule of the live
+        # count's would send the newer docs, and every doc added after them, to the dict (~30x the bytes).
+        # The array is never longer than the last live doc needs (a bigger `docmap_len` is a corrupt dump's).
+        docmap_len = data["docmap_len"]
+        if not isinstance(docmap_len, int) or docmap_len < 0:
+            raise ValueError("corrupt search index dump (doc map length)")
+        top = int(live_docs.max()) if len(live_docs) else -1
+        inside = live_docs < docmap_len
+        table = np.full(min(docmap_len, top + 1 + (top >> 4) if top >= 0 else 0), -1, np.int32)
         table[live_docs[inside].astype(np.int64)] = live_slots[inside]
         extra = dict(zip(live_docs[~inside].tolist(), live_slots[~inside].tolist()))
         if np.count_nonzero(table >= 0) + len(extra) != len(live_docs):  # two slots wrote one entry

@@ -90,10 +90,13 @@ def _damaged(dump: dict, how: str) -> dict:
         dump["docs"][0] = [lo, hi, docs[:-8] + docs[:8], lens]
     elif how == "alive":
         dump["alive"] = dump["alive"][:-1]
+    elif how == "doc map length":
+        dump["docmap_len"] = -1
     return dump
 
 
-@pytest.mark.parametrize("how", ["gap", "overlap", "short", "past the end", "a doc live twice", "alive"])
+@pytest.mark.parametrize("how", ["gap", "overlap", "short", "past the end", "a doc live twice", "alive",
+                                 "doc map length"])
 def test_a_dump_whose_per_slot_tables_do_not_fit_is_refused(tmp_path, how):
     io = FileIO()
     index = SearchIndex()
