@@ -2079,7 +2079,7 @@ class SearchIndex:
     def _uncovered(self, nslots: int) -> list[tuple[int, int]]:
         """The slot ranges whose per-slot tables no segment holds (in order, adjacent ones joined)."""
         out: list[tuple[int, int]] = []
-        for lo, hi in [(p.slot_lo, p.slot_hi) for p in self._parts if p.version < 2] + [(self._mem_lo, nslots)]:
+        for lo, hi in [(p.slot_lo, p.slot_hi) for p in self._parts if p.per_slot() is None] + [(self._mem_lo, nslots)]:
             if lo == hi:
                 continue
             if out and out[-1][1] == lo:
