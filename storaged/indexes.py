@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 import sys
 import time
+from array import array
+from collections.abc import Callable
 
 from protocol import limits as L
 from protocol.history import ASSISTANT_RESPONSE, TOOL_CALL, USER_INPUT, WEB_SEARCH_TOOLS
@@ -31,7 +33,7 @@ class Session:
 
     def __init__(self, sid: str) -> None:
         self.sid = sid                     # the one copy of the id that this session's messages share
-        self.seqs: list[int] = []          # live messages, creation order
+        self.seqs = array("q")             # live messages, creation order (8 bytes each, not an int object)
         self.kind_counts = [0] * len(L.MEMORY_KINDS)
         self.summary_seqs: list[int] = []  # those of them with a summary, for representative_summary
         self.turn_seqs: list[int] = []     # those of them that are user_input events: where turns start
@@ -53,50 +55,54 @@ class Session:
         self.kind_counts[KIND_INDEX[msg.kind]] += 1
         if msg.summary is not None:
             _insort(self.summary_seqs, msg.seq)
-        self._count(msg, 1)
+        self._count(msg.seq, msg.etype, msg.tool, 1)
 
-    def _count(self, msg: Message, step: int) -> None:
-        etype = msg.etype
+    def _count(self, seq: int, etype: str, tool: str | None, step: int) -> None:
         if etype is USER_INPUT or etype == USER_INPUT:
             if step > 0:
-                _insort(self.turn_seqs, msg.seq)
+                _insort(self.turn_seqs, seq)
             else:
-                _remove_sorted(self.turn_seqs, msg.seq)
+                _remove_sorted(self.turn_seqs, seq)
         elif etype == TOOL_CALL:
             self.tool_calls += step
-            if msg.tool in WEB_SEARCH_TOOLS:
+            if tool in WEB_SEARCH_TOOLS:
                 self.web_calls += step
 
-    def remove(self, msg: Message, by_seq: dict[int, Message]) -> None:
+    def remove(self, msg: Message, timestamp_of: Callable[[int], int]) -> None:
+        """``timestamp_of(seq)``: a live message's timestamp (the store's table)."""
         self.epoch += 1
         _remove_sorted(self.seqs, msg.seq)
         self.kind_counts[KIND_INDEX[msg.kind]] -= 1
         if msg.summary is not None:
             _remove_sorted(self.summary_seqs, msg.seq)
-        self._count(msg, -1)
+        self._count(msg.seq, msg.etype, msg.tool, -1)
         if self.seqs and msg.timestamp in (self.min_ts, self.max_ts):
-            stamps = [by_seq[s].timestamp for s in self.seqs]
+            stamps = [timestamp_of(s) for s in self.seqs]
             self.min_ts, self.max_ts = min(stamps), max(stamps)
 
-    def load(self, msg: Message) -> None:
-        """``add`` for a snapshot's messages, which arrive in creation order: by seq, except a message
-        a salvage restored from its update after its write record was lost (it came last, with its
-        old seq), which goes where ``add`` puts it, as a replay does."""
-        if self.seqs and msg.seq < self.seqs[-1]:
-            self.add(msg)
-            return
-        if not self.seqs:
-            self.min_ts = self.max_ts = msg.timestamp
-        elif msg.timestamp < self.min_ts:
-            self.min_ts = msg.timestamp
-        elif msg.timestamp > self.max_ts:
-            self.max_ts = msg.timestamp
-        self.seqs.append(msg.seq)
-        self.kind_counts[KIND_INDEX[msg.kind]] += 1
-        if msg.summary is not None:
-            self.summary_seqs.append(msg.seq)
-        if msg.etype is not ASSISTANT_RESPONSE:  # the common case costs one identity test
-            self._count(msg, 1)
+    def load(self, seq: int, ts: int, kind: str, summarised: bool, etype: str, tool: str | None) -> None:
+        """``add`` for a snapshot's messages (their fields, not a Message), which arrive in creation
+        order: by seq, except a message a salvage restored from its update after its write record was
+        lost (it came last, with its old seq), which goes where ``add`` would put it, as a replay does."""
+        seqs = self.seqs
+        if seqs and seq < seqs[-1]:
+            self.epoch += 1
+            bisect.insort(seqs, seq)
+            if summarised:
+                _insort(self.summary_seqs, seq)
+        else:
+            seqs.append(seq)
+            if summarised:
+                self.summary_seqs.append(seq)
+        if len(seqs) == 1:
+            self.min_ts = self.max_ts = ts
+        elif ts < self.min_ts:
+            self.min_ts = ts
+        elif ts > self.max_ts:
+            self.max_ts = ts
+        self.kind_counts[KIND_INDEX[kind]] += 1
+        if etype != ASSISTANT_RESPONSE:
+            self._count(seq, etype, tool, 1)
 
     def size_bytes(self) -> int:
         return (sys.getsizeof(self) + sys.getsizeof(self.seqs) + sys.getsizeof(self.kind_counts)
@@ -123,8 +129,12 @@ class RelationIndex:
         self.incoming: dict[str, list[tuple[str, str]]] = {}
 
     def add(self, msg: Message) -> None:
-        for rtype, target in msg.relations:
-            self.incoming.setdefault(target, []).append((rtype, msg.message_id))
+        self.add_edges(msg.message_id, msg.relations)
+
+    def add_edges(self, mid: str, relations) -> None:
+        """``mid``'s outgoing edges: (type, target) pairs."""
+        for rtype, target in relations:
+            self.incoming.setdefault(target, []).append((rtype, mid))
 
     def remove(self, msg: Message) -> None:
         for rtype, target in msg.relations:
@@ -162,6 +172,11 @@ class TouchIndex:
     def add(self, msg: Message) -> None:
         for name in self._names(msg):
             _insort(self.by_name.setdefault(name, []), msg.seq)
+
+    def add_files(self, seq: int, files) -> None:
+        """The event at ``seq`` touched ``files`` (its ext's entries, path first)."""
+        for name in {f[0].rsplit("/", 1)[-1] for f in files}:
+            _insort(self.by_name.setdefault(name, []), seq)
 
     def remove(self, msg: Message) -> None:
         for name in self._names(msg):

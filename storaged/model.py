@@ -114,7 +114,7 @@ class Message:
                   rev, ts if upd == ts else upd, tcid, shared_tags(tags) if tags else (), intern(tier),
                   intern(kind), importance, summary, tuple((r[0], r[1]) for r in relations) if relations else (),
                   tuple(source_ids) if source_ids else (), rec_size, intern(etype),
-                  intern(tool) if tool is not None else None, _ext_from(ext) if ext is not None else None)
+                  intern(tool) if tool is not None else None, shared_ext_from(ext) if ext is not None else None)
         msg.src = src
         return msg
 
@@ -124,7 +124,7 @@ class Message:
         only: their event type follows from the role, as for a message written with write_message."""
         # enum-like strings are interned: a million messages share one "user", not a million copies
         if len(f) >= RECORD_FIELDS:
-            etype, tool, ext = intern(f[16]), (intern(f[17]) if f[17] is not None else None), _ext_from(f[18])
+            etype, tool, ext = intern(f[16]), (intern(f[17]) if f[17] is not None else None), shared_ext_from(f[18])
         else:
             etype, tool, ext = None, None, None
         # an updated_at equal to the timestamp (never updated: most messages) is the same int object
@@ -236,7 +236,8 @@ def _ext_fields(ext: tuple | None) -> list[Any] | None:
     return [is_error, exit_code, model, [list(f) for f in files]]
 
 
-def _ext_from(raw: list[Any] | None) -> tuple | None:
+def shared_ext_from(raw: list[Any] | None) -> tuple | None:
+    """A record's ext list as the (shared, where possible) tuple a Message holds."""
     if raw is None:
         return None
     is_error, exit_code, model, files = raw

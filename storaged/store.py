@@ -33,12 +33,12 @@ from protocol import errors as E
 from protocol import limits as L
 from protocol import requests as R
 from protocol.errors import ProtocolError
-from protocol.history import EVENT_TYPES
 
 from . import layout
 from . import log as logfile
 from . import records
 from . import snapshot
+from .columns import ETYPE_CODE, MessageTable
 from .fileio import FileIO
 from .handles import session_digest
 from .idgen import IdClock, ulid_ms
@@ -92,8 +92,6 @@ class _Relocation:
         self.old_fd = old_fd  # the old log open for writing: to free its blocks a cut at a time
 
 
-# an event type's code in Store.etype_codes (0: no live message at that seq)
-ETYPE_CODE = {t: i + 1 for i, t in enumerate(EVENT_TYPES)}
 
 
 def check_revision(msg: Message, expected: int | None) -> None:
@@ -138,8 +136,11 @@ class Store:
         self.log_path = os.path.join(self.dir, layout.LOG)
         self.snapshot_path = os.path.join(self.dir, layout.SNAPSHOT)
         # state
-        self.by_id: dict[str, Message] = {}
-        self.by_seq: dict[int, Message] = {}
+        # the live messages' fields as columns (storaged/columns.py); by_id and by_seq are read-only
+        # mappings over them that build a Message for each lookup
+        self.table = MessageTable()
+        self.by_id = self.table.by_id
+        self.by_seq = self.table.by_seq
         self.sessions: dict[str, Session] = {}
         # history interface: session metadata (harness, source, title, cwd, project...) by session id,
         # and the log bytes of the "s" records it was merged from; ingesters' checkpoints and heartbeats
@@ -155,7 +156,7 @@ class Store:
         self.touches = TouchIndex()
         # each seq's event type as a code (ETYPE_CODE), one byte a seq: a search filtered by event
         # type asks it of all the docs it reached at once (etype_filter), not message by message
-        self.etype_codes = bytearray()
+        self.etype_codes = self.table.etype
         # The search index lags the state by the messages in ``unindexed`` (seqs, oldest first): a
         # mutation or replay only queues its message, and the daemon indexes the queue in slices between
         # requests (``index_step``), so a big import or a replay never holds every client behind its
@@ -536,8 +537,7 @@ class Store:
 
     def _insert(self, msg: Message, track_order: bool = True) -> None:
         """Add a message to every index (to the search index's queue: see ``unindexed``)."""
-        self.by_id[msg.message_id] = msg
-        self.by_seq[msg.seq] = msg
+        self.table.put(msg)
         session = self.sessions.get(msg.session_id)
         if session is None:
             session = self.sessions[msg.session_id] = Session(msg.session_id)
@@ -556,51 +556,44 @@ class Store:
         self.unindexed.append(msg.seq)
         if self.rows_tracked:
             self.rows_changed.add(msg.seq)
-        self._note_etype(msg.seq, msg.etype)
         self.live_bytes += msg.rec_size
         self.body_bytes += msg.body_bytes()
         self.metadata_bytes += msg.metadata_bytes()
-        self.entry_bytes += msg.entry_bytes()
+        self.entry_bytes += MessageTable.ROW_BYTES
 
     def _bulk_load(self, rows: Iterable[list[Any]]) -> None:
         """_insert for a snapshot's messages (rows in creation order, search index already loaded):
-        the same structures, minus the per-message work a snapshot makes unnecessary."""
-        by_id, by_seq, sessions, relations = self.by_id, self.by_seq, self.sessions, self.relations
-        from_row, src = Message.from_row, self.log_text
-        self._note_etype(self.last_seq, "")  # sized once for every seq the snapshot can hold
-        codes, code_of = self.etype_codes, ETYPE_CODE.get
-        note_etype = self._note_etype
+        the same structures, minus the per-message work a snapshot makes unnecessary. A row of the
+        current length goes into the table without a Message being built."""
+        sessions, relations, touches, table = self.sessions, self.relations, self.touches, self.table
+        load_row, src, full = table.load_row, self.log_text, records.RECORD_FIELDS + 1
         live = 0
         for row in rows:
-            msg = from_row(row, src)
-            seq = msg.seq
-            by_id[msg.message_id] = msg
-            by_seq[seq] = msg
-            session = sessions.get(msg.session_id)
+            if len(row) == full:
+                load_row(row, src)
+                (mid, sid, seq, ts, _, _, _, _, _, _, _, kind, _, summary, edges, _, etype, tool, ext,
+                 rec_size) = row
+                files = ext[3] if ext is not None else None
+            else:  # a row written before events existed
+                msg = Message.from_row(row, src)
+                table.put(msg)
+                mid, sid, seq, ts, kind, summary = msg.message_id, msg.session_id, msg.seq, msg.timestamp, msg.kind, msg.summary
+                edges, etype, tool, rec_size = msg.relations, msg.etype, msg.tool, msg.rec_size
+                files = msg.ext[3] if msg.ext is not None else None
+            session = sessions.get(sid)
             if session is None:
-                session = sessions[msg.session_id] = Session(msg.session_id)
-                self.session_keys[session_digest(msg.session_id)] = session.sid
-            msg.session_id = session.sid
-            session.load(msg)
-            if msg.relations:
-                relations.add(msg)
-            ext = msg.ext
-            if ext is not None and ext[3]:
-                self.touches.add(msg)
-            if seq < len(codes):
-                codes[seq] = code_of(msg.etype, 0)
-            else:  # beyond the snapshot's last_seq: only a damaged or hand-made snapshot
-                note_etype(seq, msg.etype)
-            live += msg.rec_size
+                session = sessions[sid] = Session(table.session_id(seq))
+                self.session_keys[session_digest(sid)] = session.sid
+            session.load(seq, ts, kind, summary is not None, etype, tool)
+            if edges:
+                relations.add_edges(mid, table.relations[seq])
+            if files:
+                touches.add_files(seq, files)
+            live += rec_size
+        table.index_all_ids()
         self.live_bytes += live
         self.session_order.invalidate()
         self.sessions_version += 1
-
-    def _note_etype(self, seq: int, etype: str) -> None:
-        codes = self.etype_codes
-        if seq >= len(codes):
-            codes.extend(bytes(seq + 1 - len(codes) + (seq >> 3)))
-        codes[seq] = ETYPE_CODE.get(etype, 0)
 
     def etype_filter(self, types) -> Callable[[np.ndarray], np.ndarray]:
         """accept_docs for SearchIndex.search_own: which of an array of seqs are messages of one of
@@ -611,7 +604,7 @@ class Store:
         codes = self.etype_codes
 
         def accept_docs(docs: np.ndarray) -> np.ndarray:
-            view = np.frombuffer(codes, np.uint8)  # dropped on return: _note_etype must grow it
+            view = np.frombuffer(codes, np.uint8)  # dropped on return: the table must grow it
             out = np.zeros(len(docs), bool)
             inside = (docs >= 0) & (docs < len(view))
             out[inside] = table[view[docs[inside]]]
@@ -619,16 +612,14 @@ class Store:
         return accept_docs
 
     def _remove(self, msg: Message, keep_slot: bool = False, track_order: bool = True) -> None:
-        del self.by_id[msg.message_id]
-        if not keep_slot:  # else replaced: _insert marks the new row
-            del self.by_seq[msg.seq]
-            self.etype_codes[msg.seq] = 0
+        if not keep_slot:  # else replaced: _insert puts the new row over it
+            self.table.drop(msg.seq)
             if self.rows_tracked:
                 self.rows_changed.discard(msg.seq)
                 self.rows_deleted.add(msg.seq)
         session = self.sessions[msg.session_id]
         span = (session.min_ts, session.max_ts)
-        session.remove(msg, self.by_seq)
+        session.remove(msg, self.table.timestamp)
         if not session.seqs:
             del self.sessions[msg.session_id]
             self.session_keys.pop(session_digest(msg.session_id), None)
@@ -646,7 +637,7 @@ class Store:
         self.live_bytes -= msg.rec_size
         self.body_bytes -= msg.body_bytes()
         self.metadata_bytes -= msg.metadata_bytes()
-        self.entry_bytes -= msg.entry_bytes()
+        self.entry_bytes -= MessageTable.ROW_BYTES
 
     def _replace(self, old: Message, new: Message) -> None:
         # by_seq keeps its slot so that iterating it stays in creation order (the rebuild relies on it).
@@ -1169,15 +1160,15 @@ class Store:
         r = self.relocation
         if r is None:
             return False
-        seqs, sizes, locs, src, old, by_seq = r.seqs, r.rec_sizes, r.locs, self.log_text, r.old, self.by_seq
+        seqs, sizes, locs, src, old, table = r.seqs, r.rec_sizes, r.locs, self.log_text, r.old, self.table
         end = len(seqs) if n is None else min(len(seqs), r.done + n)
         grown = 0
+        rec_size, alive, source_of = table.rec_size, table.alive, table.source_of
         for i in range(r.done, end):
-            m = by_seq.get(seqs[i])
-            if m is not None and m.src is old:
-                grown += sizes[i] - m.rec_size
-                m.rec_size = sizes[i]
-                m.stored_at(src, locs[i])
+            seq = seqs[i]
+            if alive(seq) and source_of(seq) is old:
+                grown += sizes[i] - rec_size(seq)
+                table.relocate(seq, locs[i], sizes[i], src)
         r.done = end
         self.live_bytes += grown
         if end < len(seqs):

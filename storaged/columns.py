@@ -1,0 +1,464 @@
+"""The live messages' metadata as columns indexed by seq; a ``Message`` is built only when asked for.
+
+A slotted ``Message`` per live message cost ~600 bytes of heap (the object, its id string, its big
+ints, two dict entries): 3 GB at five million events. Here each seq is one row of fixed-width
+arrays (111 bytes: the id's 26 ASCII bytes, times, the text's location, small codes for the
+enum-like fields and for shared tag sets, tools and exts), the rarer fields are kept in dicts by
+seq, and ``tool_call_id`` (half of an agent's events carry one) is a slice of one growing byte
+string. ``get`` builds the ``Message`` a view or a mutation works with; nothing holds it after.
+
+The id → seq map is a sorted numpy array of 60-bit keys (the last 12 characters of the ULID, its
+random part) beside the seqs, plus a dict of the ids put since it was last merged; a key's hit is
+confirmed against the id column, so colliding keys and dead seqs are never answered. Ids that are
+not canonical ULIDs (a hand-made log) live in dicts of their own.
+
+Rows are by seq, so iterating is in creation order, as the rebuild and the snapshot need; a seq
+with no live message has session number 0 and is skipped.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+import struct
+import sys
+from collections.abc import Iterator, Mapping
+from sys import intern
+from typing import Any
+
+import numpy as np
+
+from protocol import limits as L
+from protocol.history import EVENT_TYPES
+
+from .model import Message, shared_ext_from, shared_tags
+from .text import TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, location_from_parts
+
+# codes of the enum-like fields; 0 is "none" (an etype code of 0 is a dead seq: Store.etype_filter)
+ETYPE_CODE = {t: i + 1 for i, t in enumerate(EVENT_TYPES)}
+_ETYPES = (None, *EVENT_TYPES)
+_ROLES = tuple(L.ROLES)
+_ROLE_CODE = {r: i for i, r in enumerate(_ROLES)}
+_TIERS = tuple(L.MEMORY_TIERS)
+_TIER_CODE = {t: i for i, t in enumerate(_TIERS)}
+_KINDS = tuple(L.MEMORY_KINDS)
+_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+
+ID_BYTES = 26                       # a canonical ULID
+_CANONICAL = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}\Z")
+_KEY_CHARS = 12                     # the id's last 12 characters: 60 random bits, the lookup key
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_TO_INT32 = str.maketrans(_CROCKFORD, "0123456789abcdefghijklmnopqrstuv")
+_DIGIT = np.zeros(256, np.uint64)
+for _i, _c in enumerate(_CROCKFORD):
+    _DIGIT[ord(_c)] = _i
+
+# ids put since the sorted keys were last merged; beyond this many they are merged (a copy of the
+# key arrays: ~20 ms at five million messages, once every RECENT_MAX puts)
+RECENT_MAX = 65536
+
+_NO_STR = (1 << 64) - 1             # a string column's "None"
+_STR_LEN_BITS = 24
+_STR_LEN_MASK = (1 << _STR_LEN_BITS) - 1
+_SHIFT = TEXT_OFF_BITS + TEXT_LEN_BITS
+_LOW = (1 << _SHIFT) - 1
+_EXT_SPARSE = (1 << 32) - 1         # an ext with files: in the sparse dict, not shared
+
+
+def id_key(mid: str) -> int:
+    """The lookup key of a canonical id (the same as ``_keys`` computes for a column of them)."""
+    return int(mid[ID_BYTES - _KEY_CHARS:].translate(_TO_INT32), 32)
+
+
+def _keys(ids: np.ndarray) -> np.ndarray:
+    """The keys of rows of ids (an (n, 26) uint8 array)."""
+    key = np.zeros(len(ids), np.uint64)
+    for c in range(ID_BYTES - _KEY_CHARS, ID_BYTES):
+        key <<= np.uint64(5)
+        key |= _DIGIT[ids[:, c]]
+    return key
+
+
+class _Interned:
+    """Values shared between rows (tag sets, tool names, exts), each stored once, by number."""
+
+    __slots__ = ("values", "number")
+
+    def __init__(self, none: Any) -> None:
+        self.values: list[Any] = [none]
+        self.number: dict[Any, int] = {none: 0}
+
+    def code(self, value: Any, key: Any = None) -> int:
+        key = value if key is None else key
+        n = self.number.get(key)
+        if n is None:
+            n = self.number[key] = len(self.values)
+            self.values.append(value)
+        return n
+
+
+_ROW = struct.Struct("<26sIqqqqQQQQIIII")
+_ROW_SIZE = _ROW.size
+
+
+class MessageTable:
+    """Every live message's fields, by seq. ``put`` stores a message (a new one, or a new revision
+    at its seq), ``drop`` forgets one, ``get`` builds it back.
+
+    The fixed-width fields of a seq are one packed row of ``ROW`` in ``rows``: one ``unpack_from``
+    reads them all (a field-per-array layout cost fifteen lookups a message), and ``ROW_DTYPE``
+    views the same bytes as numpy columns for whatever is asked of every row at once."""
+
+    __slots__ = ("rows", "etype", "tcid_bytes", "summary", "relations", "source_ids", "ext_files", "odd_id",
+                 "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
+                 "keys", "key_seqs", "_keys_view", "_seqs_view", "recent", "by_seq", "by_id")
+
+    # id (26 ASCII bytes; zeros for an odd id), session number + 1 (0: no live message), timestamp,
+    # updated_at, revision, importance, the text's record position and its offset | length (text.locate),
+    # the record's size, tool_call_id (start << 24 | length in tcid_bytes, or _NO_STR), the numbers of
+    # the tag set, tool and ext (_Interned), and role | tier << 8 | kind << 16 | source generation << 24
+    ROW = _ROW
+    ROW_DTYPE = np.dtype([("id", "S26"), ("session", "<u4"), ("ts", "<i8"), ("upd", "<i8"), ("rev", "<i8"),
+                          ("importance", "<i8"), ("rec_pos", "<u8"), ("text_low", "<u8"), ("rec_size", "<u8"),
+                          ("tcid", "<u8"), ("tags", "<u4"), ("tool", "<u4"), ("ext", "<u4"), ("codes", "<u4")])
+    ROW_BYTES = ROW.size + 1           # and the etype byte
+
+    def __init__(self) -> None:
+        self.rows = bytearray()           # ROW.size bytes a seq
+        self.etype = bytearray()          # ETYPE_CODE (0: no live message), read in bulk by etype_filter
+        self.tcid_bytes = bytearray()
+        self.summary: dict[int, str] = {}
+        self.relations: dict[int, tuple] = {}
+        self.source_ids: dict[int, tuple] = {}
+        self.ext_files: dict[int, tuple] = {}
+        self.odd_id: dict[int, str] = {}  # seq -> an id that is not a canonical ULID
+        self.odd_seq: dict[str, int] = {}
+        self.sids: list[str] = []         # session number - 1 -> session id
+        self.sid_number: dict[str, int] = {}
+        self.tagsets = _Interned(())
+        self.tools = _Interned(None)
+        self.exts = _Interned(None)
+        # the text's readers by generation (Store.start_relocation moves to a new one)
+        self.sources: dict[int, LogText] = {}
+        self.generation = 0
+        self.count = 0
+        # id -> seq: sorted keys and their seqs (and memoryviews of them, which bisect reads in C), and
+        # the ids put since they were merged
+        self.keys = np.zeros(0, np.uint64)
+        self.key_seqs = np.zeros(0, np.int64)
+        self._keys_view = memoryview(self.keys)
+        self._seqs_view = memoryview(self.key_seqs)
+        self.recent: dict[str, int] = {}
+        self.by_seq = BySeq(self)
+        self.by_id = ById(self)
+
+    # ------------------------------------------------------------------ rows
+    def __len__(self) -> int:
+        return self.count
+
+    def _grow(self, n: int) -> None:
+        """Rows up to seq ``n - 1`` exist (new ones zero: no message)."""
+        k = n - len(self.etype)
+        if k > 0:
+            self.rows.extend(bytes(k * self.ROW.size))
+            self.etype.extend(bytes(k))
+
+    def alive(self, seq: int) -> bool:
+        return 0 <= seq < len(self.etype) and self.etype[seq] != 0
+
+    def set_source(self, src: LogText) -> None:
+        """Texts stored from now on are read by ``src`` (a new generation: Store.start_relocation)."""
+        if self.sources and self.sources[self.generation] is not src:
+            self.generation = (self.generation + 1) & 0xFF
+        self.sources[self.generation] = src
+
+    def source_of(self, seq: int) -> LogText:
+        return self.sources[self.row(seq)[13] >> 24]
+
+    def row(self, seq: int) -> tuple:
+        """The packed row of ``seq`` as a tuple (ROW's fields)."""
+        return self.ROW.unpack_from(self.rows, seq * self.ROW.size)
+
+    def put(self, msg: Message, src: LogText | None = None) -> None:
+        """Store ``msg`` at its seq (a new revision replaces the row). Its text must be stored: its
+        ``text`` a location (Store._store_text)."""
+        self._put(msg.seq, msg.message_id, msg.session_id, msg.timestamp, msg.role, msg.text, msg.revision,
+                  msg.updated_at, msg.tool_call_id, msg.tags, msg.tier, msg.kind, msg.importance, msg.summary,
+                  msg.relations, msg.source_ids, msg.etype, msg.tool, msg.ext, msg.rec_size,
+                  msg.src if src is None else src)
+
+    def _put(self, seq: int, mid: str, sid: str, ts: int, role: str, loc: int, rev: int, upd: int,
+             tcid: str | None, tags: tuple, tier: str, kind: str, importance: int, summary: str | None,
+             relations: tuple, source_ids: tuple, etype: str, tool: str | None, ext: tuple | None,
+             rec_size: int, src: LogText) -> None:
+        if loc.__class__ is not int:
+            raise ValueError("a message's text must be stored before the table holds it")
+        if seq >= len(self.etype):
+            self._grow(seq + 1 + (seq >> 4))
+        if self.etype[seq]:
+            self._forget(seq)
+        else:
+            self.count += 1
+        number = self.sid_number.get(sid)
+        if number is None:
+            self.sids.append(intern(sid))
+            number = self.sid_number[sid] = len(self.sids)
+        if len(mid) == ID_BYTES and _CANONICAL.match(mid):
+            raw = mid.encode("ascii")
+            self.recent[mid] = seq
+        else:
+            raw = b""
+            self.odd_id[seq] = mid
+            self.odd_seq[mid] = seq
+        if tcid is None:
+            tcid_at = _NO_STR
+        else:
+            encoded = tcid.encode("utf-8")
+            tcid_at = len(self.tcid_bytes) << _STR_LEN_BITS | len(encoded)
+            self.tcid_bytes += encoded
+        if ext is None:
+            ext_no = 0
+        elif ext[3]:
+            ext_no = _EXT_SPARSE
+            self.ext_files[seq] = ext
+        else:
+            ext_no = self.exts.code(ext, (type(ext[0]), type(ext[1]), ext))
+        if src is not self.sources.get(self.generation):
+            self.set_source(src)
+        self.ROW.pack_into(self.rows, seq * self.ROW.size, raw, number, ts, upd, rev, importance, loc >> _SHIFT,
+                           loc & _LOW, rec_size, tcid_at, self.tagsets.code(tags) if tags else 0,
+                           self.tools.code(tool) if tool is not None else 0, ext_no,
+                           _ROLE_CODE[role] | _TIER_CODE[tier] << 8 | _KIND_CODE[kind] << 16 | self.generation << 24)
+        self.etype[seq] = ETYPE_CODE[etype]
+        if summary is not None:
+            self.summary[seq] = summary
+        if relations:
+            self.relations[seq] = relations
+        if source_ids:
+            self.source_ids[seq] = source_ids
+        if len(self.recent) >= RECENT_MAX:
+            self.merge_keys()
+
+    def load_row(self, row: list[Any], src: LogText) -> None:
+        """Store a snapshot row of the current length (``Message.row``) without building a Message."""
+        (mid, sid, seq, ts, role, loc, rev, upd, tcid, tags, tier, kind, importance, summary,
+         relations, source_ids, etype, tool, ext, rec_size) = row
+        self._put(seq, mid, sid, ts, role, location_from_parts(loc), rev, upd, tcid,
+                  shared_tags(tags) if tags else (), tier, kind, importance, summary,
+                  tuple((r[0], r[1]) for r in relations) if relations else (),
+                  tuple(source_ids) if source_ids else (), etype, intern(tool) if tool is not None else None,
+                  shared_ext_from(ext) if ext is not None else None, rec_size, src)
+
+    def _forget(self, seq: int) -> None:
+        """Drop what a row holds outside its packed bytes."""
+        mid = self.odd_id.pop(seq, None)
+        if mid is not None:
+            if self.odd_seq.get(mid) == seq:
+                del self.odd_seq[mid]
+        else:
+            mid = self.message_id(seq)
+            if self.recent.get(mid) == seq:
+                del self.recent[mid]
+        self.summary.pop(seq, None)
+        self.relations.pop(seq, None)
+        self.source_ids.pop(seq, None)
+        self.ext_files.pop(seq, None)
+
+    def drop(self, seq: int) -> None:
+        if not self.alive(seq):
+            raise KeyError(seq)
+        self._forget(seq)
+        off = seq * self.ROW.size + ID_BYTES
+        self.rows[off:off + 4] = bytes(4)  # session number 0
+        self.etype[seq] = 0
+        self.count -= 1
+
+    def relocate(self, seq: int, loc: int, rec_size: int, src: LogText) -> None:
+        """The message at ``seq`` reads its text at ``loc`` in ``src``'s log from now on."""
+        if src is not self.sources.get(self.generation):
+            self.set_source(src)
+        fields = list(self.row(seq))
+        fields[6], fields[7], fields[8] = loc >> _SHIFT, loc & _LOW, rec_size
+        fields[13] = (fields[13] & 0xFFFFFF) | self.generation << 24
+        self.ROW.pack_into(self.rows, seq * self.ROW.size, *fields)
+
+    # ------------------------------------------------------------------ fields without a Message
+    def message_id(self, seq: int) -> str:
+        off = seq * self.ROW.size
+        raw = self.rows[off:off + ID_BYTES]
+        return raw.decode("ascii") if raw[0] else self.odd_id[seq]
+
+    def session_id(self, seq: int) -> str:
+        return self.sids[self.row(seq)[1] - 1]
+
+    def timestamp(self, seq: int) -> int:
+        return self.row(seq)[2]
+
+    def rec_size(self, seq: int) -> int:
+        return self.row(seq)[8]
+
+    def location(self, seq: int) -> int:
+        row = self.row(seq)
+        return row[6] << _SHIFT | row[7]
+
+    def get(self, seq: int) -> Message | None:
+        """The message at ``seq``, built from its row (None if there is none)."""
+        seq = int(seq)
+        if seq < 0 or seq >= len(self.etype):
+            return None
+        etype = self.etype[seq]
+        if not etype:
+            return None
+        (raw, number, ts, upd, rev, importance, rec_pos, low, rec_size, tcid, tags, tool, ext,
+         codes) = _ROW.unpack_from(self.rows, seq * _ROW_SIZE)
+        if tcid != _NO_STR:
+            start = tcid >> _STR_LEN_BITS
+            tcid = self.tcid_bytes[start:start + (tcid & _STR_LEN_MASK)].decode("utf-8")
+        else:
+            tcid = None
+        msg = Message(raw.decode("ascii") if raw[0] else self.odd_id[seq], self.sids[number - 1], seq, ts,
+                      _ROLES[codes & 0xFF], rec_pos << _SHIFT | low, rev, ts if upd == ts else upd,
+                      tcid, self.tagsets.values[tags], _TIERS[codes >> 8 & 0xFF], _KINDS[codes >> 16 & 0xFF],
+                      importance, self.summary.get(seq), self.relations.get(seq, ()), self.source_ids.get(seq, ()),
+                      rec_size, _ETYPES[etype], self.tools.values[tool],
+                      self.ext_files[seq] if ext == _EXT_SPARSE else self.exts.values[ext])
+        msg.src = self.sources[codes >> 24]
+        return msg
+
+    # ------------------------------------------------------------------ ids
+    def seq_of(self, mid: str) -> int | None:
+        """The seq of the live message ``mid``, or None."""
+        seq = self.recent.get(mid)
+        if seq is not None:
+            return seq
+        if len(mid) != ID_BYTES or not _CANONICAL.match(mid):
+            return self.odd_seq.get(mid)
+        keys = self._keys_view
+        key = id_key(mid)
+        i = bisect.bisect_left(keys, key)
+        n = len(keys)
+        if i == n or keys[i] != key:
+            return None
+        raw = mid.encode("ascii")
+        rows, etype, size = self.rows, self.etype, self.ROW.size
+        while i < n and keys[i] == key:
+            seq = self._seqs_view[i]
+            if etype[seq] and rows[seq * size:seq * size + ID_BYTES] == raw:
+                return seq
+            i += 1
+        return None
+
+    def _column(self, name: str) -> np.ndarray:
+        """A copy of one field of every row (a view would stop ``rows`` from growing)."""
+        return np.frombuffer(self.rows, self.ROW_DTYPE)[name].copy()
+
+    def _set_keys(self, keys: np.ndarray, seqs: np.ndarray) -> None:
+        self.keys, self.key_seqs = keys, seqs
+        self._keys_view, self._seqs_view = memoryview(keys), memoryview(seqs)
+
+    def merge_keys(self) -> None:
+        """Move the recent ids into the sorted keys, and drop the keys of seqs no longer live."""
+        if not self.recent:
+            return
+        seqs = np.fromiter(self.recent.values(), np.int64, len(self.recent))
+        self.recent.clear()
+        new_keys = _keys(self._id_rows(seqs))
+        order = np.argsort(new_keys, kind="stable")
+        new_keys, seqs = new_keys[order], seqs[order]
+        keys, key_seqs = self.keys, self.key_seqs
+        if len(keys):
+            live = np.frombuffer(self.etype, np.uint8)[key_seqs] != 0
+            keys, key_seqs = keys[live], key_seqs[live]
+            at = np.searchsorted(keys, new_keys)
+            keys, key_seqs = np.insert(keys, at, new_keys), np.insert(key_seqs, at, seqs)
+        else:
+            keys, key_seqs = new_keys, seqs
+        self._set_keys(keys, key_seqs)
+
+    def _id_rows(self, seqs: np.ndarray) -> np.ndarray:
+        """The ids of ``seqs`` as an (n, 26) uint8 array (a copy)."""
+        ids = np.frombuffer(self.rows, self.ROW_DTYPE)["id"][seqs]
+        return ids.view(np.uint8).reshape(-1, ID_BYTES)
+
+    def index_all_ids(self) -> None:
+        """The sorted keys of every live canonical id, at once (after a bulk load)."""
+        self.recent.clear()
+        seqs = self.live_seqs()
+        ids = self._id_rows(seqs)
+        canonical = ids[:, 0] != 0
+        seqs, ids = seqs[canonical], ids[canonical]
+        keys = _keys(ids)
+        order = np.argsort(keys, kind="stable")
+        self._set_keys(keys[order], seqs[order])
+
+    # ------------------------------------------------------------------ iteration, memory
+    def live_seqs(self) -> np.ndarray:
+        """The live seqs, ascending (a copy: the table may change while the caller walks it)."""
+        return np.flatnonzero(np.frombuffer(self.etype, np.uint8)).astype(np.int64)
+
+    def memory_bytes(self) -> int:
+        n = len(self.rows) + len(self.etype) + len(self.tcid_bytes) + self.keys.nbytes + self.key_seqs.nbytes
+        return n + sum(sys.getsizeof(d) for d in (self.recent, self.summary, self.relations, self.source_ids,
+                                                   self.ext_files, self.odd_id, self.odd_seq))
+
+
+class BySeq(Mapping):
+    """The live messages by seq, as a read-only mapping (each value built on access)."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, table: MessageTable) -> None:
+        self._t = table
+
+    def __getitem__(self, seq: int) -> Message:
+        msg = self._t.get(seq)
+        if msg is None:
+            raise KeyError(seq)
+        return msg
+
+    def get(self, seq: int, default: Any = None) -> Any:
+        msg = self._t.get(seq)
+        return default if msg is None else msg
+
+    def __contains__(self, seq: object) -> bool:
+        try:
+            return self._t.alive(seq)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+
+    def __len__(self) -> int:
+        return self._t.count
+
+    def __iter__(self) -> Iterator[int]:
+        return map(int, self._t.live_seqs())
+
+    def __reversed__(self) -> Iterator[int]:
+        return map(int, self._t.live_seqs()[::-1])
+
+
+class ById(Mapping):
+    """The live messages by id, as a read-only mapping (each value built on access)."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, table: MessageTable) -> None:
+        self._t = table
+
+    def __getitem__(self, mid: str) -> Message:
+        seq = self._t.seq_of(mid) if mid.__class__ is str else None
+        if seq is None:
+            raise KeyError(mid)
+        return self._t.get(seq)  # type: ignore[return-value]
+
+    def get(self, mid: str, default: Any = None) -> Any:
+        seq = self._t.seq_of(mid) if mid.__class__ is str else None
+        return default if seq is None else self._t.get(seq)
+
+    def __contains__(self, mid: object) -> bool:
+        return mid.__class__ is str and self._t.seq_of(mid) is not None  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self._t.count
+
+    def __iter__(self) -> Iterator[str]:
+        message_id = self._t.message_id
+        return (message_id(int(seq)) for seq in self._t.live_seqs())

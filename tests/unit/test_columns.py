@@ -1,0 +1,204 @@
+"""The message table (storaged/columns.py): what is put is what is built back, field for field; ids are
+found through the recent dict, the sorted keys, colliding keys and odd ids alike; a dead or replaced row
+is never answered; and a store that holds its messages as columns reads the same as it did."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from storaged import columns
+from storaged.columns import MessageTable, id_key
+from storaged.fileio import FileIO
+from storaged.model import Message
+from storaged.text import LogText, location_from_parts
+from storaged.store import Store
+from tests.support.faultio import delete, update, write
+
+SRC = LogText(FileIO())
+OTHER = LogText(FileIO())
+
+
+def _ulid(n: int, prefix: str = "01J0000000") -> str:
+    digits = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    tail = ""
+    for _ in range(16):
+        tail = digits[n & 31] + tail
+        n >>= 5
+    return prefix + tail
+
+
+def _message(seq: int, mid: str | None = None, **kw) -> Message:
+    fields = dict(message_id=mid or _ulid(seq), session_id=kw.pop("session_id", "sess"), seq=seq,
+                  timestamp=1_700_000_000_000 + seq, role="user", content=location_from_parts([seq * 100, 40, 7]),
+                  revision=1, updated_at=1_700_000_000_000 + seq, tool_call_id=None, tags=(), tier="short",
+                  kind="conversation", importance=50, summary=None, relations=(), source_ids=(), rec_size=90,
+                  etype=None, tool=None, ext=None)
+    fields.update(kw)
+    msg = Message(**fields)
+    msg.src = SRC
+    return msg
+
+
+def _state(m: Message | None):
+    if m is None:
+        return None
+    return (m.message_id, m.session_id, m.seq, m.timestamp, m.role, m.text, m.revision, m.updated_at, m.tool_call_id,
+            m.tags, m.tier, m.kind, m.importance, m.summary, m.relations, m.source_ids, m.etype, m.tool, m.ext,
+            m.rec_size, m.src)
+
+
+VARIANTS = [
+    {},
+    {"tool_call_id": "toolu_01ABC", "etype": "tool_call", "tool": "Bash", "role": "assistant"},
+    {"tool_call_id": "呼び出し-1", "etype": "tool_response", "ext": (True, 2, "model-x", ())},
+    {"ext": (None, None, None, (("/a/b.py", None, "b.py", "proj", "edit"),)), "etype": "tool_call", "tool": "Edit"},
+    {"tags": ("harness", "project"), "summary": "要約 summary", "importance": 100, "tier": "long", "kind": "semantic"},
+    {"relations": (("reply_to", _ulid(1)), ("cites", _ulid(2))), "source_ids": (_ulid(3),), "revision": 7,
+     "updated_at": 1_800_000_000_000, "role": "system", "etype": "system"},
+    {"importance": 0, "timestamp": 0, "updated_at": 0},
+]
+
+
+@pytest.mark.parametrize("variant", range(len(VARIANTS)))
+def test_what_is_put_is_built_back(variant):
+    t = MessageTable()
+    msg = _message(5, **VARIANTS[variant])
+    t.put(msg)
+    got = t.get(5)
+    assert _state(got) == _state(msg) and type(got.seq) is int
+    assert t.by_id[msg.message_id].seq == 5 and t.by_seq[np.int64(5)].seq == 5 and type(t.by_seq[np.int64(5)].seq) is int
+    assert len(t) == 1 and 5 in t.by_seq and 4 not in t.by_seq and 6 not in t.by_seq and -1 not in t.by_seq
+
+
+def test_a_snapshot_row_loads_as_the_message_it_came_from():
+    t, direct = MessageTable(), MessageTable()
+    for i, variant in enumerate(VARIANTS):
+        msg = _message(i + 1, **variant)
+        direct.put(msg)
+        t.load_row(msg.row(), SRC)
+    for seq in range(1, len(VARIANTS) + 1):
+        assert _state(t.get(seq)) == _state(direct.get(seq))
+
+
+def test_a_new_revision_replaces_the_row_and_its_sparse_fields():
+    t = MessageTable()
+    t.put(_message(3, summary="old", relations=(("r", _ulid(9)),), tool_call_id="x", ext=(None, None, None, (("/p", None, None, None, "read"),))))
+    t.put(_message(3, revision=2))
+    got = t.get(3)
+    assert (got.summary, got.relations, got.tool_call_id, got.ext, got.revision) == (None, (), None, None, 2)
+    assert len(t) == 1 and not t.summary and not t.relations and not t.ext_files
+
+
+def test_a_dropped_row_is_gone_from_every_lookup():
+    t = MessageTable()
+    for seq in (1, 2, 3):
+        t.put(_message(seq))
+    t.merge_keys()
+    t.put(_message(4))
+    for seq in (2, 4):  # one in the sorted keys, one in the recent ids
+        t.drop(seq)
+        assert t.get(seq) is None and _ulid(seq) not in t.by_id and t.by_id.get(_ulid(seq)) is None
+        assert t.etype[seq] == 0
+    assert list(t.by_seq) == [1, 3] and list(reversed(t.by_seq)) == [3, 1] and len(t) == 2
+    assert list(t.by_id) == [_ulid(1), _ulid(3)]
+    with pytest.raises(KeyError):
+        t.drop(2)
+    with pytest.raises(KeyError):
+        t.by_seq[2]
+
+
+def test_ids_are_found_before_and_after_the_keys_are_merged(monkeypatch):
+    monkeypatch.setattr(columns, "RECENT_MAX", 7)
+    t = MessageTable()
+    for seq in range(1, 40):
+        t.put(_message(seq))
+    assert len(t.keys) >= 35 and len(t.recent) < 7
+    for seq in range(1, 40):
+        assert t.by_id[_ulid(seq)].seq == seq
+    assert _ulid(99) not in t.by_id and "nonsense" not in t.by_id and 5 not in t.by_id
+
+
+def test_colliding_keys_are_told_apart_by_the_id():
+    t = MessageTable()
+    a, b = _ulid(77, "01J0000000"), _ulid(77, "01K1111111")
+    assert id_key(a) == id_key(b) and a != b
+    t.put(_message(1, a))
+    t.put(_message(2, b))
+    t.merge_keys()
+    assert t.by_id[a].seq == 1 and t.by_id[b].seq == 2
+    t.drop(1)
+    t.merge_keys()
+    assert a not in t.by_id and t.by_id[b].seq == 2
+
+
+def test_an_id_deleted_and_stored_again_finds_its_new_seq():
+    t = MessageTable()
+    t.put(_message(1, _ulid(5)))
+    t.merge_keys()
+    t.drop(1)
+    t.put(_message(8, _ulid(5)))
+    assert t.by_id[_ulid(5)].seq == 8
+    t.merge_keys()
+    assert t.by_id[_ulid(5)].seq == 8 and list(t.by_seq) == [8]
+
+
+def test_an_id_that_is_not_a_canonical_ulid_is_kept_as_it_is():
+    t = MessageTable()
+    odd = ["short", "01j0000000000000000000000a", "é" * 26]
+    for seq, mid in enumerate(odd, 1):
+        t.put(_message(seq, mid))
+    t.index_all_ids()
+    for seq, mid in enumerate(odd, 1):
+        assert t.by_id[mid].seq == seq and t.get(seq).message_id == mid
+    t.put(_message(1, "renamed"))
+    assert "short" not in t.by_id and t.by_id["renamed"].seq == 1
+    t.drop(2)
+    assert odd[1] not in t.by_id
+
+
+def test_index_all_ids_after_a_bulk_load_finds_every_id():
+    t = MessageTable()
+    for seq in range(1, 300, 3):
+        t.load_row(_message(seq).row(), SRC)
+    t.index_all_ids()
+    assert not t.recent and len(t.keys) == 100
+    assert all(t.by_id[_ulid(seq)].seq == seq for seq in range(1, 300, 3))
+    assert list(t.by_seq) == list(range(1, 300, 3))
+
+
+def test_a_relocated_row_reads_its_new_source():
+    t = MessageTable()
+    t.put(_message(1))
+    t.put(_message(2))
+    t.relocate(1, location_from_parts([5000, 41, 7]), 77, OTHER)
+    m1, m2 = t.get(1), t.get(2)
+    assert m1.src is OTHER and m1.rec_size == 77 and m1.text == location_from_parts([5000, 41, 7])
+    assert m2.src is SRC and t.source_of(2) is SRC and t.source_of(1) is OTHER
+
+
+def test_a_message_whose_text_is_not_stored_is_refused():
+    msg = _message(1)
+    msg.text = "in memory"
+    with pytest.raises(ValueError):
+        MessageTable().put(msg)
+
+
+def test_a_store_reads_the_same_through_its_columns_across_a_restart(tmp_path):
+    d = str(tmp_path)
+    s = Store.open(d)
+    ids = [write(s, f"s{i % 3}", f"text {i} " * (i + 1), tool_call_id=f"call-{i}" if i % 2 else None,
+                 tags=["a", "b"] if i % 4 == 0 else [])["message"]["message_id"] for i in range(30)]
+    update(s, ids[4], content="changed", summary="a summary")
+    delete(s, ids[7])
+
+    def state(store):
+        return {mid: store.by_id[mid].to_dict() for mid in store.by_id}
+
+    before = state(s)
+    assert len(before) == 29 and ids[7] not in s.by_id and before[ids[4]]["content"] == "changed"
+    assert s.write_snapshot()
+    s.close()
+    again = Store.open(d)
+    assert state(again) == before and list(again.by_seq) == sorted(again.by_seq)
+    assert [list(again.sessions[f"s{k}"].seqs) for k in range(3)] == [list(s.sessions[f"s{k}"].seqs) for k in range(3)]
+    again.close()
