@@ -31,7 +31,7 @@ from protocol import limits as L
 from protocol.history import EVENT_TYPES
 
 from .model import Message, shared_ext_from, shared_tags
-from .text import TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, location_from_parts
+from .text import TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, location_from_parts, location_parts
 
 # codes of the enum-like fields; 0 is "none" (an etype code of 0 is a dead seq: Store.etype_filter)
 ETYPE_CODE = {t: i + 1 for i, t in enumerate(EVENT_TYPES)}
@@ -98,6 +98,11 @@ class _Interned:
 
 _ROW = struct.Struct("<26sIqqqqQQQQIIII")
 _ROW_SIZE = _ROW.size
+# the same row as numpy sees it, for what is asked of many rows at once
+ROW_DTYPE = np.dtype([("id", "S26"), ("session", "<u4"), ("ts", "<i8"), ("upd", "<i8"), ("rev", "<i8"),
+                      ("importance", "<i8"), ("rec_pos", "<u8"), ("text_low", "<u8"), ("rec_size", "<u8"),
+                      ("tcid", "<u8"), ("tags", "<u4"), ("tool", "<u4"), ("ext", "<u4"), ("codes", "<u4")])
+assert ROW_DTYPE.itemsize == _ROW_SIZE
 
 
 class MessageTable:
@@ -117,9 +122,6 @@ class MessageTable:
     # the record's size, tool_call_id (start << 24 | length in tcid_bytes, or _NO_STR), the numbers of
     # the tag set, tool and ext (_Interned), and role | tier << 8 | kind << 16 | source generation << 24
     ROW = _ROW
-    ROW_DTYPE = np.dtype([("id", "S26"), ("session", "<u4"), ("ts", "<i8"), ("upd", "<i8"), ("rev", "<i8"),
-                          ("importance", "<i8"), ("rec_pos", "<u8"), ("text_low", "<u8"), ("rec_size", "<u8"),
-                          ("tcid", "<u8"), ("tags", "<u4"), ("tool", "<u4"), ("ext", "<u4"), ("codes", "<u4")])
     ROW_BYTES = ROW.size + 1           # and the etype byte
 
     def __init__(self) -> None:
@@ -198,10 +200,7 @@ class MessageTable:
             self._forget(seq)
         else:
             self.count += 1
-        number = self.sid_number.get(sid)
-        if number is None:
-            self.sids.append(intern(sid))
-            number = self.sid_number[sid] = len(self.sids)
+        number = self._sid_number(sid)
         if len(mid) == ID_BYTES and _CANONICAL.match(mid):
             raw = mid.encode("ascii")
             self.recent[mid] = seq
@@ -347,10 +346,6 @@ class MessageTable:
             i += 1
         return None
 
-    def _column(self, name: str) -> np.ndarray:
-        """A copy of one field of every row (a view would stop ``rows`` from growing)."""
-        return np.frombuffer(self.rows, self.ROW_DTYPE)[name].copy()
-
     def _set_keys(self, keys: np.ndarray, seqs: np.ndarray) -> None:
         self.keys, self.key_seqs = keys, seqs
         self._keys_view, self._seqs_view = memoryview(keys), memoryview(seqs)
@@ -376,7 +371,7 @@ class MessageTable:
 
     def _id_rows(self, seqs: np.ndarray) -> np.ndarray:
         """The ids of ``seqs`` as an (n, 26) uint8 array (a copy)."""
-        ids = np.frombuffer(self.rows, self.ROW_DTYPE)["id"][seqs]
+        ids = np.frombuffer(self.rows, ROW_DTYPE)["id"][seqs]
         return ids.view(np.uint8).reshape(-1, ID_BYTES)
 
     def index_all_ids(self) -> None:
@@ -389,6 +384,158 @@ class MessageTable:
         keys = _keys(ids)
         order = np.argsort(keys, kind="stable")
         self._set_keys(keys[order], seqs[order])
+
+    # ------------------------------------------------------------------ row segments (snapshot.py)
+    def segment_columns(self, seqs: np.ndarray, locs: Any = None, rec_sizes: Any = None) -> dict[str, Any]:
+        """The rows of ``seqs`` (live, ascending) as a row segment holds them (docs/format.md §5): the
+        packed rows as they are here, but numbered against tables of the segment's own (session ids,
+        tag sets, tools, exts) and with tool_call_ids in a byte string of its own, so a segment reads
+        the same in any process; the rarer fields as [seq, value] pairs. ``locs`` / ``rec_sizes``
+        (a compaction's): the texts' locations and record sizes in a new log, by position in ``seqs``."""
+        seqs = np.asarray(seqs, np.int64)
+        if len(seqs) and (seqs.min() < 0 or seqs.max() >= len(self.etype)):
+            raise ValueError("a row segment can only hold live rows")
+        view = np.frombuffer(self.rows, ROW_DTYPE)
+        rows = view[seqs]                      # a copy: the view is dropped before anything grows
+        del view
+        etype = np.frombuffer(self.etype, np.uint8)[seqs]
+        if len(seqs) and not etype.all():
+            raise ValueError("a row segment can only hold live rows")
+        if locs is not None:
+            rows["rec_pos"] = [loc >> _SHIFT for loc in locs]
+            rows["text_low"] = [loc & _LOW for loc in locs]
+            rows["rec_size"] = np.asarray(rec_sizes, np.uint64)
+        rows["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
+        numbers, rows["session"] = np.unique(rows["session"], return_inverse=True)
+        rows["session"] += np.uint32(1)
+        sids = [self.sids[int(k) - 1] for k in numbers]
+        tables = {}
+        for name, interned in (("tags", self.tagsets), ("tool", self.tools)):
+            numbers = np.union1d(np.zeros(1, np.uint32), rows[name])   # 0 (none) keeps number 0
+            rows[name] = np.searchsorted(numbers, rows[name])
+            tables[name] = [interned.values[int(k)] for k in numbers]
+        shared = rows["ext"] != _EXT_SPARSE
+        numbers = np.union1d(np.zeros(1, np.uint32), rows["ext"][shared])
+        rows["ext"][shared] = np.searchsorted(numbers, rows["ext"][shared])
+        exts = [self.exts.values[int(k)] for k in numbers]
+        has = np.flatnonzero(rows["tcid"] != np.uint64(_NO_STR))
+        pieces, at, blob = [], 0, self.tcid_bytes
+        tcids = rows["tcid"][has].tolist()
+        for i, value in enumerate(tcids):
+            start, n = value >> _STR_LEN_BITS, value & _STR_LEN_MASK
+            pieces.append(blob[start:start + n])
+            tcids[i] = at << _STR_LEN_BITS | n
+            at += n
+        rows["tcid"][has] = np.asarray(tcids, np.uint64)
+        wanted = set(seqs.tolist()) if len(seqs) != self.count else None
+
+        def pairs(values: dict[int, Any], form=lambda v: v) -> list[list[Any]]:
+            return sorted([seq, form(v)] for seq, v in values.items() if wanted is None or seq in wanted)
+
+        return {
+            "seqs": seqs.astype("<u8").tobytes(), "rows": rows.tobytes(), "etype": etype.tobytes(),
+            "tcid": b"".join(pieces), "sids": sids,
+            "tagsets": [list(t) for t in tables["tags"]], "tools": tables["tool"],
+            "exts": [None if e is None else [e[0], e[1], e[2]] for e in exts],
+            "summary": pairs(self.summary), "relations": pairs(self.relations, lambda v: [list(r) for r in v]),
+            "source_ids": pairs(self.source_ids, list),
+            "ext_files": pairs(self.ext_files, lambda e: [e[0], e[1], e[2], [list(f) for f in e[3]]]),
+            "odd_ids": pairs(self.odd_id),
+        }
+
+    def load_segments(self, segments: list[tuple[dict[str, Any], list[int]]], src: LogText) -> None:
+        """Fill an empty table from row segments, oldest first: ([the columns ``segment_columns``
+        wrote], the seqs deleted since the segment before). A later segment's row of a seq replaces
+        an earlier one's; a seq deleted in a segment is gone from it on. Raises ValueError on a
+        segment that does not hold together (the caller then replays the log)."""
+        if self.count or len(self.etype):
+            raise ValueError("load_segments fills an empty table")
+        try:
+            self._load_segments(segments, src)
+        except (IndexError, TypeError, KeyError, struct.error) as exc:
+            raise ValueError(f"a row segment does not hold together ({type(exc).__name__}: {exc})") from None
+
+    def _load_segments(self, segments: list[tuple[dict[str, Any], list[int]]], src: LogText) -> None:
+        self.set_source(src)
+        all_seqs = [np.frombuffer(cols["seqs"], "<u8").astype(np.int64) for cols, _ in segments]
+        top = max((int(s.max()) for s in all_seqs if len(s)), default=-1)
+        top = max(top, max((max(dead) for _, dead in segments if dead), default=-1))
+        self._grow(top + 1)
+        view = np.frombuffer(self.rows, ROW_DTYPE)
+        alive = np.frombuffer(self.etype, np.uint8)
+        owner = np.full(top + 1, -1, np.int32)
+        try:
+            for i, ((cols, dead), seqs) in enumerate(zip(segments, all_seqs)):
+                rows = np.frombuffer(cols["rows"], ROW_DTYPE).copy()
+                etype = np.frombuffer(cols["etype"], np.uint8)
+                if len(rows) != len(seqs) or len(etype) != len(seqs) or (len(seqs) and not etype.all()):
+                    raise ValueError("a row segment's columns differ in length, or hold a dead row")
+                sid_map = np.array([0, *(self._sid_number(sid) for sid in cols["sids"])], np.uint32)
+                rows["session"] = sid_map[rows["session"]]
+                if len(rows) and not rows["session"].all():
+                    raise ValueError("a row segment's row names no session")
+                tag_map = np.array([self.tagsets.code(shared_tags(t)) if t else 0 for t in cols["tagsets"]], np.uint32)
+                rows["tags"] = tag_map[rows["tags"]]
+                tool_map = np.array([self.tools.code(intern(t)) if t is not None else 0 for t in cols["tools"]],
+                                    np.uint32)
+                rows["tool"] = tool_map[rows["tool"]]
+                ext_map = np.array([self._ext_number(e) for e in cols["exts"]], np.uint32)
+                shared = rows["ext"] != _EXT_SPARSE
+                rows["ext"][shared] = ext_map[rows["ext"][shared]]
+                has = rows["tcid"] != np.uint64(_NO_STR)
+                rows["tcid"][has] += np.uint64(len(self.tcid_bytes) << _STR_LEN_BITS)
+                self.tcid_bytes += cols["tcid"]
+                rows["codes"] = (rows["codes"] & np.uint32(0xFFFFFF)) | np.uint32(self.generation << 24)
+                view[seqs] = rows
+                alive[seqs] = etype
+                owner[seqs] = i
+                if dead:
+                    dead_seqs = np.asarray(dead, np.int64)
+                    alive[dead_seqs] = 0
+                    view["session"][dead_seqs] = 0
+                    owner[dead_seqs] = -1
+            self.count = int(np.count_nonzero(alive))
+        finally:
+            del view, alive
+        for i, (cols, _) in enumerate(segments):
+            for seq, value in cols["summary"]:
+                if owner[seq] == i:
+                    self.summary[seq] = value
+            for seq, value in cols["relations"]:
+                if owner[seq] == i:
+                    self.relations[seq] = tuple((r[0], r[1]) for r in value)
+            for seq, value in cols["source_ids"]:
+                if owner[seq] == i:
+                    self.source_ids[seq] = tuple(value)
+            for seq, value in cols["ext_files"]:
+                if owner[seq] == i:
+                    self.ext_files[seq] = shared_ext_from(value)
+            for seq, value in cols["odd_ids"]:
+                if owner[seq] == i:
+                    self.odd_id[seq] = value
+                    self.odd_seq[value] = seq
+        self.index_all_ids()
+
+    def _sid_number(self, sid: str) -> int:
+        number = self.sid_number.get(sid)
+        if number is None:
+            self.sids.append(intern(sid))
+            number = self.sid_number[sid] = len(self.sids)
+        return number
+
+    def _ext_number(self, raw: list[Any] | None) -> int:
+        if raw is None:
+            return 0
+        ext = shared_ext_from([raw[0], raw[1], raw[2], []])
+        return self.exts.code(ext, (type(ext[0]), type(ext[1]), ext))
+
+    def column(self, name: str, seqs: np.ndarray) -> np.ndarray:
+        """One field (a ROW_DTYPE name) of ``seqs``' rows, as a new array."""
+        view = np.frombuffer(self.rows, ROW_DTYPE)
+        try:
+            return view[name][seqs]
+        finally:
+            del view
 
     # ------------------------------------------------------------------ iteration, memory
     def live_seqs(self) -> np.ndarray:
@@ -462,3 +609,30 @@ class ById(Mapping):
     def __iter__(self) -> Iterator[str]:
         message_id = self._t.message_id
         return (message_id(int(seq)) for seq in self._t.live_seqs())
+
+
+def rows_from_columns(cols: dict[str, Any]) -> list[list[Any]]:
+    """A version 2 row segment's rows as version 1 held them (``Message.row``), for whatever reads
+    rows one by one (``snapshot.read``, a start whose segments are not all of version 2)."""
+    sparse = {name: dict(cols[name]) for name in ("summary", "relations", "source_ids", "ext_files", "odd_ids")}
+    seqs = np.frombuffer(cols["seqs"], "<u8").tolist()
+    etypes = bytes(cols["etype"])
+    tcid_bytes = bytes(cols["tcid"])
+    sids, tagsets, tools, exts = cols["sids"], cols["tagsets"], cols["tools"], cols["exts"]
+    rows = []
+    for i, (raw, number, ts, upd, rev, importance, rec_pos, low, rec_size, tcid, tags, tool, ext,
+            codes) in enumerate(_ROW.iter_unpack(bytes(cols["rows"]))):
+        seq = seqs[i]
+        if tcid != _NO_STR:
+            start = tcid >> _STR_LEN_BITS
+            tcid = tcid_bytes[start:start + (tcid & _STR_LEN_MASK)].decode("utf-8")
+        else:
+            tcid = None
+        loc = rec_pos << _SHIFT | low
+        e = sparse["ext_files"][seq] if ext == _EXT_SPARSE else (None if exts[ext] is None else [*exts[ext], []])
+        rows.append([raw.decode("ascii") if raw[0] else sparse["odd_ids"][seq], sids[number - 1], seq, ts,
+                     _ROLES[codes & 0xFF], location_parts(loc), rev, upd, tcid, list(tagsets[tags]),
+                     _TIERS[codes >> 8 & 0xFF], _KINDS[codes >> 16 & 0xFF], importance, sparse["summary"].get(seq),
+                     sparse["relations"].get(seq, []), sparse["source_ids"].get(seq, []), _ETYPES[etypes[i]],
+                     tools[tool], e, rec_size])
+    return rows

@@ -66,7 +66,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     t0 = time.monotonic()
     io = store.io
     salt = logfile.new_salt()
-    msgs = list(store.by_seq.values())
+    live = store.table.live_seqs()   # each message built as it is copied, never all at once
     bytes_before = store.log_size()
     tmp_log = store.log_path + layout.COMPACT_SUFFIX
     # the request-id window without the expired ids: a rebuild must never carry them on (a small log
@@ -103,7 +103,8 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
             rec = logfile.encode_record(salt, records.session(sid, fields))
             meta_sizes[sid] = len(rec)
             emit(rec)
-        for i, m in enumerate(msgs):
+        for i, seq in enumerate(live.tolist()):
+            m = store.table.get(seq)
             content = m.content  # read from the old log
             record = records.write(None, m.fields(content))
             rec = logfile.encode_record(salt, record)
@@ -126,7 +127,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta = store.snapshot_meta(salt, size, extras=False)
     meta["update_records"] = 0
     meta["deleted_messages"] = 0
-    meta["record_count"] = len(msgs)
+    meta["record_count"] = len(live)
     meta["checkpoint_bytes"] = len(checkpoint)
     meta["rids"] = rids
     meta["unindexed"] = []  # this index holds every live message
@@ -137,12 +138,12 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     # instead of holding a rebuilt index's millions of objects (and a start maps it too)
     plan = index.plan()
     rows_name = snapshot.rows_name()
-    meta["rows"] = [[rows_name, len(msgs), 0]]
+    meta["rows"] = [[rows_name, len(live), 0]]
     try:
         if plan is not None:
             index.write_and_adopt(plan, io, store.dir)
-        snap_fields = (m.row(loc, rs) for m, loc, rs in zip(msgs, text_locs, rec_sizes))
-        snapshot.write_rows(io, os.path.join(store.dir, rows_name), snap_fields, (), True, session_metas, checkpoints)
+        columns = store.table.segment_columns(live, text_locs, rec_sizes)
+        snapshot.write_row_columns(io, os.path.join(store.dir, rows_name), columns, (), session_metas, checkpoints)
         io.sync_dir(store.dir)
         snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, (), index.dump())
     except BaseException:
@@ -150,10 +151,10 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
         for name in ([plan.name] if plan is not None else []) + [rows_name]:
             _quiet_remove(io, os.path.join(store.dir, name))
         raise
-    return Prepared(salt, size, len(msgs), len(checkpoint), rec_sizes, text_locs, meta_sizes,
+    return Prepared(salt, size, len(live), len(checkpoint), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
-                    index, len(msgs), max(0, store.record_count - len(msgs)), bytes_before, time.monotonic() - t0,
-                    rids, array("Q", [m.seq for m in msgs]), rows_name)
+                    index, len(live), max(0, store.record_count - len(live)), bytes_before, time.monotonic() - t0,
+                    rids, array("Q", live.tobytes()), rows_name)
 
 
 def install(store: Store, p: Prepared, background: bool = False) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import time
 from array import array
 from collections.abc import Callable
 
+import numpy as np
+
 from protocol import limits as L
 from protocol.history import ASSISTANT_RESPONSE, TOOL_CALL, USER_INPUT, WEB_SEARCH_TOOLS
 
@@ -217,3 +219,47 @@ class IndexSizes:
             self.value = (history, relations.size_bytes())
             self.version, self.at = version, now
         return self.value
+
+
+def sessions_from_table(table) -> dict[str, Session]:
+    """Every session's ``Session``, built from a freshly loaded MessageTable (storaged/columns.py) at
+    once: the grouping, bounds and counts in numpy, one Python step a session, none a message."""
+    from .columns import ETYPE_CODE
+    live = table.live_seqs()
+    if not len(live):
+        return {}
+    numbers = table.column("session", live)
+    order = np.argsort(numbers, kind="stable")       # by session, then seq (live is ascending)
+    seqs, numbers = live[order], numbers[order]
+    starts = np.flatnonzero(np.r_[True, numbers[1:] != numbers[:-1]])
+    ends = np.r_[starts[1:], len(seqs)]
+    group = np.repeat(np.arange(len(starts)), ends - starts)
+    ts = table.column("ts", seqs)
+    min_ts, max_ts = np.minimum.reduceat(ts, starts).tolist(), np.maximum.reduceat(ts, starts).tolist()
+    codes = table.column("codes", seqs)
+    kinds = len(L.MEMORY_KINDS)
+    kind_counts = np.bincount(group * kinds + ((codes >> 16) & 0xFF), minlength=len(starts) * kinds)
+    kind_counts = kind_counts.reshape(-1, kinds).tolist()
+    etype = np.frombuffer(bytes(table.etype), np.uint8)[seqs]
+    calls = etype == ETYPE_CODE[TOOL_CALL]
+    tool_calls = np.bincount(group, weights=calls, minlength=len(starts)).astype(np.int64).tolist()
+    web_numbers = [n for t, n in table.tools.number.items() if t in WEB_SEARCH_TOOLS]
+    web = calls & np.isin(table.column("tool", seqs), web_numbers)
+    web_calls = np.bincount(group, weights=web, minlength=len(starts)).astype(np.int64).tolist()
+    user = etype == ETYPE_CODE[USER_INPUT]
+    turn_seqs, turn_group = seqs[user], group[user]
+    turn_at = np.searchsorted(turn_group, np.arange(len(starts) + 1)).tolist()
+    starts_l, ends_l = starts.tolist(), ends.tolist()
+    out: dict[str, Session] = {}
+    for g, first in enumerate(starts_l):
+        sid = table.session_id(int(seqs[first]))
+        s = Session(sid)
+        s.seqs.frombytes(seqs[first:ends_l[g]].tobytes())
+        s.kind_counts = kind_counts[g]
+        s.turn_seqs = turn_seqs[turn_at[g]:turn_at[g + 1]].tolist()
+        s.min_ts, s.max_ts = min_ts[g], max_ts[g]
+        s.tool_calls, s.web_calls = tool_calls[g], web_calls[g]
+        out[sid] = s
+    for seq in sorted(table.summary):
+        out[table.session_id(seq)].summary_seqs.append(seq)
+    return out

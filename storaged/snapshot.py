@@ -25,6 +25,7 @@ import zlib
 from typing import Any, Iterable, Iterator
 
 import msgpack
+import numpy as np
 
 from . import layout
 from .fileio import FileIO, Paced
@@ -44,7 +45,13 @@ END_MAGIC = b"CVMEMEND"
 VERSION = 6
 READABLE_VERSIONS = (4, 5, 6)
 ROWS_MAGIC = b"CVMEMROW"
-ROWS_VERSION = 1
+# Row segments: 1 holds msgpack rows (Message.row); 2 holds the message table's packed rows as they
+# are in memory (storaged/columns.py), loaded by a few numpy copies instead of a Python call a row.
+# Both are read; 2 is written. A snapshot with a version 1 segment is loaded row by row, and the next
+# snapshot writes a version 2 base (Store.rows_legacy).
+ROWS_VERSION = 2
+ROWS_VERSIONS = (1, 2)
+_COLUMN_SECTIONS = ("seqs", "rows", "etype", "tcid")   # raw bytes after the head, in this order
 OUTDATED_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
@@ -127,6 +134,33 @@ def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[
         yield from _chunks(packer, counted())
         yield packer.pack([])
         yield packer.pack({"rows": count, "dead": list(dead), "seqs": None if base else seqs,
+                           "session_meta": list(session_meta), "checkpoints": list(checkpoints)})
+
+    _write_framed(io, path, ROWS_MAGIC, 1, parts())
+    return count
+
+
+def write_row_columns(io: FileIO, path: str, columns: dict[str, Any], dead: Iterable[int],
+                      session_meta: Iterable[list[Any]] = (), checkpoints: Iterable[list[Any]] = ()) -> int:
+    """Write and fsync a version 2 row segment at ``path``: the rows ``MessageTable.segment_columns``
+    gave, then the tail (as ``write_rows``'; its ``seqs`` is nil: they are a column). Returns the
+    number of rows.
+
+    Body: ``head seqs rows etype tcid tail`` — ``head`` a msgpack map of every column that is not raw
+    bytes plus each raw section's length (``<name>_bytes``); the four sections raw, back to back, so a
+    reader maps them in place; ``tail`` as in version 1."""
+    packer = msgpack.Packer(use_bin_type=True)
+    count = len(columns["seqs"]) // 8
+    head = {key: value for key, value in columns.items() if key not in _COLUMN_SECTIONS}
+    head.update({f"{name}_bytes": len(columns[name]) for name in _COLUMN_SECTIONS})
+
+    def parts() -> Iterator[bytes | memoryview]:
+        yield packer.pack(head)
+        for name in _COLUMN_SECTIONS:
+            view = memoryview(columns[name]).cast("B")
+            for at in range(0, len(view), WRITE_AT):
+                yield view[at:at + WRITE_AT]
+        yield packer.pack({"rows": count, "dead": list(dead), "seqs": None,
                            "session_meta": list(session_meta), "checkpoints": list(checkpoints)})
 
     _write_framed(io, path, ROWS_MAGIC, ROWS_VERSION, parts())
@@ -246,7 +280,7 @@ class Reader:
         newest: dict[int, int] = {}
         killed: dict[int, int] = {}
         for i, segment in enumerate(deltas, 1):
-            for seq in segment.tail["seqs"]:
+            for seq in segment.seqs():
                 newest[seq] = i
             for seq in segment.tail["dead"]:
                 killed[seq] = i
@@ -283,6 +317,15 @@ class Reader:
             yield pending
             pending = next(extra, None)
 
+    def columnar(self) -> bool:
+        """Every row is in version 2 row segments: ``column_segments`` can load them without rows."""
+        return self.row_segments is not None and all(segment.columns is not None for segment in self.segments)
+
+    def column_segments(self) -> list[tuple[dict[str, Any], list[int]]]:
+        """(columns, dead seqs) of each row segment, oldest first, for ``MessageTable.load_segments``;
+        the raw columns are views of the mapped files, valid until ``close``."""
+        return [(segment.columns, segment.tail["dead"]) for segment in self.segments]
+
     def session_meta(self) -> list[list[Any]]:
         """[sid, fields, rec_size] of every session's metadata, to apply in order (a later one of a
         sid replaces an earlier one): the row segments' tails oldest first, or the manifest's own."""
@@ -314,17 +357,30 @@ def _seq_of(row: list[Any]) -> int:
 
 
 class _RowSegment:
-    """One row segment (``write_rows``), verified and its tail read at open. The chunks before the
-    tail are skipped, not decoded (decoding a base's millions of rows here, and again when they
-    are loaded, doubled the start's decoding)."""
+    """One row segment (``write_rows``, ``write_row_columns``), verified and its tail read at open.
+    A version 1 segment's chunks are skipped, not decoded (decoding a base's millions of rows here,
+    and again when they are loaded, doubled the start's decoding); a version 2 segment's head is
+    decoded and its raw sections become views of the mapping (``columns``)."""
 
     def __init__(self, io: FileIO, path: str) -> None:
-        self._file = _Framed(io, path, ROWS_MAGIC, (ROWS_VERSION,))
+        self._file = _Framed(io, path, ROWS_MAGIC, ROWS_VERSIONS)
+        self.columns: dict[str, Any] | None = None
         try:
             unpacker = self._file.unpacker()
-            while n := unpacker.read_array_header():
-                for _ in range(n):
-                    unpacker.skip()
+            if self._file.version == 1:
+                while n := unpacker.read_array_header():
+                    for _ in range(n):
+                        unpacker.skip()
+            else:
+                head = unpacker.unpack()
+                at = unpacker.tell()
+                columns = dict(head)
+                for name in _COLUMN_SECTIONS:
+                    n = head[f"{name}_bytes"]
+                    columns[name] = self._file.view(at, n)
+                    at += n
+                self.columns = columns
+                unpacker = self._file.unpacker(at)
             self.tail: dict[str, Any] = unpacker.unpack()
             if not isinstance(self.tail.get("rows"), int) or not isinstance(self.tail.get("dead"), list):
                 raise SnapshotInvalid(f"row segment {os.path.basename(path)} has a bad tail")
@@ -337,9 +393,22 @@ class _RowSegment:
                                   f"{type(exc).__name__}") from None
 
     def chunks(self) -> Iterator[list[list[Any]]]:
-        return _decoded(self._file.unpacker(), None)
+        if self.columns is not None:
+            from .columns import rows_from_columns
+            rows = rows_from_columns(self.columns)
+            for at in range(0, len(rows), CHUNK):
+                yield rows[at:at + CHUNK]
+            return
+        yield from _decoded(self._file.unpacker(), None)
+
+    def seqs(self) -> list[int]:
+        """The seqs of the rows it holds (a version 1 base does not list them: only a delta asks)."""
+        if self.columns is not None:
+            return np.frombuffer(self.columns["seqs"], "<u8").tolist()
+        return self.tail["seqs"]
 
     def close(self) -> None:
+        self.columns = None
         self._file.close()
 
 
@@ -375,6 +444,12 @@ class _Framed:
         limit = len(self._body) + 1
         return msgpack.Unpacker(_Slices(self._body, at), raw=False, use_list=True,
                                 read_size=min(WRITE_AT, limit), max_buffer_size=limit)
+
+    def view(self, at: int, n: int) -> memoryview:
+        """``n`` bytes of the body from ``at``, in place (released with the file)."""
+        if at + n > len(self._body):
+            raise SnapshotInvalid("a row segment's section runs past its body")
+        return self._body[at:at + n]
 
     def close(self) -> None:
         body, self._body = self._body, None

@@ -42,7 +42,7 @@ from .columns import ETYPE_CODE, MessageTable
 from .fileio import FileIO
 from .handles import session_digest
 from .idgen import IdClock, ulid_ms
-from .indexes import IndexSizes, RelationIndex, Session, TouchIndex
+from .indexes import IndexSizes, RelationIndex, Session, TouchIndex, sessions_from_table
 from .ingeststate import IngestState
 from .model import Message, message_from_args
 from .search import DumpOutdated, SearchIndex, SegmentPlan
@@ -219,6 +219,7 @@ class Store:
         # whether they are kept: not while the next snapshot writes a base anyway (a full replay of
         # millions of messages would fill them for nothing), from the first plan or loaded row segments on
         self.rows_tracked = False
+        self.rows_legacy = False          # the row segments on disk include a version 1 one (an earlier release)
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
         self.group_commit = False
@@ -402,7 +403,13 @@ class Store:
             self.meta_rec_sizes[sid] = size
         self.ingest.load(reader.checkpoints())
         self.unindexed.extend(meta.get("unindexed", ()))
-        self._bulk_load(reader.rows())
+        if reader.columnar():
+            self._load_columns(reader)
+        else:
+            self._bulk_load(reader.rows())
+            # row segments of version 1 (an earlier release): the next snapshot writes a base of the
+            # current version, so that the next start loads it without a Python step a row
+            self.rows_legacy = reader.row_segments is not None
         if clock_poisoned:
             # the snapshot's clock lies beyond the bound (written before the bound existed): recover
             # the newest plausible id and time from the messages themselves
@@ -592,6 +599,23 @@ class Store:
             live += rec_size
         table.index_all_ids()
         self.live_bytes += live
+        self.session_order.invalidate()
+        self.sessions_version += 1
+
+    def _load_columns(self, reader: snapshot.Reader) -> None:
+        """_bulk_load for a snapshot whose rows are all in version 2 row segments: the table is filled
+        by numpy copies (MessageTable.load_segments), the sessions built from it at once; only the
+        rarer fields (relations, touched files) take a Python step each."""
+        table = self.table
+        table.load_segments(reader.column_segments(), self.log_text)
+        self.sessions = sessions_from_table(table)
+        for sid in self.sessions:
+            self.session_keys[session_digest(sid)] = sid
+        for seq in sorted(table.relations):
+            self.relations.add_edges(table.message_id(seq), table.relations[seq])
+        for seq in sorted(table.ext_files):
+            self.touches.add_files(seq, table.ext_files[seq][3])
+        self.live_bytes += int(table.column("rec_size", table.live_seqs()).sum())
         self.session_order.invalidate()
         self.sessions_version += 1
 
@@ -958,7 +982,7 @@ class Store:
         segments = self.row_segments
         seqs = sorted(seq for seq in changed if seq in self.by_seq)
         # a delta's weight at start: its rows, and its dead seqs, each dropping a row of the base
-        base = segments is None or len(segments) >= ROW_SEGMENTS_MAX or (
+        base = segments is None or self.rows_legacy or len(segments) >= ROW_SEGMENTS_MAX or (
             sum(n + dead for _, n, dead in segments[1:]) + len(seqs) + len(deleted)
             > max(ROW_DELTA_MIN, segments[0][1] // 2))
         dead = [] if base else sorted(deleted)
@@ -1002,14 +1026,13 @@ class Store:
         if plan.rows_name is not None:
             path = os.path.join(self.dir, plan.rows_name)
             if plan.rows_base:
-                rows = (m.row() for m in self.by_seq.values())
+                columns = self.table.segment_columns(self.table.live_seqs())
                 metas, checkpoints = self.session_meta_entries(), self.ingest.dump()
             else:
-                by_seq = self.by_seq
-                rows = (by_seq[seq].row() for seq in plan.rows_seqs)
+                columns = self.table.segment_columns(np.asarray(plan.rows_seqs, np.int64))
                 metas, checkpoints = self.session_meta_entries(plan.metas), self.ingest.dump(plan.checkpoints)
             try:
-                snapshot.write_rows(self.io, path, rows, plan.rows_dead, plan.rows_base, metas, checkpoints)
+                snapshot.write_row_columns(self.io, path, columns, plan.rows_dead, metas, checkpoints)
                 self.io.sync_dir(self.dir)
             except BaseException:
                 _remove_all(self.io, [path])
@@ -1029,6 +1052,8 @@ class Store:
             self.io.sync_dir(self.dir)
         self.snapshot_pos = pos
         self.row_segments = [list(entry) for entry in plan.rows_after]
+        if plan.rows_base:
+            self.rows_legacy = False
         catchup = [plan.catchup_name] if plan.catchup_name is not None and self.io.exists(
             os.path.join(self.dir, plan.catchup_name)) else []
         self.snapshot_segments = [*plan.index_names, *catchup, *(entry[0] for entry in plan.rows_after)]

@@ -202,3 +202,62 @@ def test_a_store_reads_the_same_through_its_columns_across_a_restart(tmp_path):
     assert state(again) == before and list(again.by_seq) == sorted(again.by_seq)
     assert [list(again.sessions[f"s{k}"].seqs) for k in range(3)] == [list(s.sessions[f"s{k}"].seqs) for k in range(3)]
     again.close()
+
+
+def _table_of(messages) -> MessageTable:
+    t = MessageTable()
+    for m in messages:
+        t.put(m)
+    return t
+
+
+def test_row_segment_columns_load_back_as_the_same_rows():
+    """A base and a delta (rows replaced, rows deleted, new rows) as ``segment_columns`` writes them load
+    back (``load_segments``) to the table they came from, and read as the rows a version 1 segment held."""
+    from storaged.columns import rows_from_columns
+
+    def variant(seq):
+        return VARIANTS[seq % len(VARIANTS)]
+
+    first = [_message(seq, **variant(seq)) for seq in range(1, 40)]
+    first.append(_message(40, "not-a-ulid", session_id="other"))
+    t = _table_of(first)
+    base = t.segment_columns(t.live_seqs())
+    assert rows_from_columns(base) == [m.row() for m in first]
+    # then: 5 and 40 replaced, 7 and 8 deleted, 41-42 new
+    t.put(_message(5, summary="now summarised", revision=2, tags=("x",)))
+    t.put(_message(40, "still-odd", session_id="third", tool_call_id="c-40"))
+    t.drop(7)
+    t.drop(8)
+    t.put(_message(41, **variant(3)))
+    t.put(_message(42, relations=(("reply_to", _ulid(5)),)))
+    delta = t.segment_columns(np.array([5, 40, 41, 42]))
+    loaded = MessageTable()
+    loaded.load_segments([(base, []), (delta, [7, 8])], SRC)
+    assert list(loaded.by_seq) == list(t.by_seq) and len(loaded) == len(t)
+    for seq in t.by_seq:
+        assert _state(loaded.get(seq)) == _state(t.get(seq))
+    for mid in ("not-a-ulid", _ulid(5), _ulid(40)):
+        assert (loaded.by_id.get(mid) is None) == (t.by_id.get(mid) is None)
+    assert loaded.by_id["still-odd"].seq == 40 and loaded.by_id[_ulid(41)].seq == 41
+    assert not (loaded.summary.keys() - set(t.by_seq)) and loaded.summary == t.summary
+
+
+def test_a_compaction_s_row_segment_carries_the_new_locations():
+    t = _table_of([_message(seq) for seq in (2, 3, 9)])
+    locs = [location_from_parts([100 * i, 30, 5]) for i in range(3)]
+    cols = t.segment_columns(t.live_seqs(), locs, [70, 71, 72])
+    loaded = MessageTable()
+    loaded.load_segments([(cols, [])], OTHER)
+    assert [(m.text, m.rec_size, m.src) for m in loaded.by_seq.values()] == [(loc, n, OTHER) for loc, n in zip(locs, [70, 71, 72])]
+    assert [(m.text, m.rec_size) for m in t.by_seq.values()] != [(m.text, m.rec_size) for m in loaded.by_seq.values()]
+
+
+def test_a_row_segment_that_does_not_hold_together_is_refused():
+    t = _table_of([_message(seq) for seq in (1, 2)])
+    cols = t.segment_columns(t.live_seqs())
+    for broken in ({**cols, "sids": []}, {**cols, "etype": cols["etype"][:1]}, {**cols, "tagsets": []}):
+        with pytest.raises(ValueError):
+            MessageTable().load_segments([(broken, [])], SRC)
+    with pytest.raises(ValueError):
+        t.segment_columns(np.array([1, 5]))  # 5 holds no message

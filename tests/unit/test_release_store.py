@@ -171,3 +171,42 @@ def test_the_release_before_per_slot_segments_is_read_and_its_slots_carried_unti
     for m in expected["messages"]:
         assert again.by_id[m["message_id"]].to_dict() == without_event(m)
     again.close()
+
+
+def test_the_release_before_row_columns_is_read_row_by_row_and_the_next_snapshot_writes_a_column_base(tmp_path):
+    """The release before wrote row segments of version 1 (msgpack rows): the start reads them a row at
+    a time, and the next snapshot, even one that would have been a small delta, writes a base of version
+    2 (the message table's packed rows), which the start after it loads as columns, with the same
+    messages, sessions and searches."""
+    from storaged import snapshot
+
+    d = copy_store(STORE_SNAP6, tmp_path / "d")
+    expected = RELEASES[STORE_SNAP6.name][1]
+
+    def versions() -> list[int]:
+        out = []
+        for name in sorted(n for n in os.listdir(d) if n.startswith("rows.")):
+            with open(d / name, "rb") as f:
+                out.append(snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1])
+        return out
+
+    assert versions() and set(versions()) == {1}
+    first = Store.open(str(d))
+    assert first.snapshot_valid and first.rows_legacy
+    sessions = {sid: (list(s.seqs), s.turn_seqs, s.min_ts, s.max_ts, s.kind_counts, s.tool_calls, s.summary_seqs)
+                for sid, s in first.sessions.items()}
+    hits = {w: [h.doc for h in first.search.search(w, 50)] for w in ("migration", "移行", "postgres")}
+    assert first.write_snapshot()
+    first.close()
+    assert versions() == [2]
+    with snapshot.Reader(first.io, str(d / "snapshot")) as reader:
+        assert reader.columnar()
+    again = Store.open(str(d))
+    assert again.snapshot_valid and not again.rows_legacy and len(again.row_segments) == 1
+    assert {sid: (list(s.seqs), s.turn_seqs, s.min_ts, s.max_ts, s.kind_counts, s.tool_calls, s.summary_seqs)
+            for sid, s in again.sessions.items()} == sessions
+    assert {w: [h.doc for h in again.search.search(w, 50)] for w in hits} == hits
+    for m in expected["messages"]:
+        assert again.by_id[m["message_id"]].to_dict() == without_event(m)
+    assert len(again.by_id) == len(expected["messages"])
+    again.close()

@@ -30,6 +30,11 @@ def tail_of(d: str, name: str) -> dict:
         return next(seg.tail for seg, entry in zip(reader.segments, reader.row_segments) if entry[0] == name)
 
 
+def seqs_of(d: str, name: str) -> list[int]:
+    with snapshot.Reader(FileIO(), os.path.join(d, "snapshot")) as reader:
+        return next(seg.seqs() for seg, entry in zip(reader.segments, reader.row_segments) if entry[0] == name)
+
+
 def everything(s: Store):
     return live_state(s), full_history(s), search(s, query="row segment text"), s.last_seq
 
@@ -62,7 +67,7 @@ def test_a_snapshot_writes_only_what_changed_since_the_one_before(tmp_path):
     delta, n, dead = s.row_segments[1]
     assert dead == 3
     changed = sorted(s.by_id[mid].seq for mid in [*ids[:2], *new])
-    assert n == 7 and tail_of(d, delta)["seqs"] == changed and tail_of(d, delta)["dead"] == dead_seqs
+    assert n == 7 and seqs_of(d, delta) == changed and tail_of(d, delta)["dead"] == dead_seqs
     assert os.path.getsize(os.path.join(d, delta)) < base_size / 3
     assert seg_names(d) == sorted([base, delta])
     before = everything(s)
@@ -157,15 +162,15 @@ def test_a_snapshot_never_installed_hands_its_rows_to_the_next(tmp_path, monkeyp
     # a planned snapshot that is dropped (a background child that failed, or was killed)
     s.abandon_snapshot(s.plan_snapshot(inline=True))
     # and one whose row segment could not be written
-    real = snapshot.write_rows
+    real = snapshot.write_row_columns
 
     def failing(*args, **kwargs):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(snapshot, "write_rows", failing)
+    monkeypatch.setattr(snapshot, "write_row_columns", failing)
     write(s, "s", "row segment text during the failure")
     with pytest.raises(OSError):
         s.write_snapshot()
-    monkeypatch.setattr(snapshot, "write_rows", real)
+    monkeypatch.setattr(snapshot, "write_row_columns", real)
     assert len(s.row_segments) == 1 and seg_names(d) == [s.row_segments[0][0]]
     write(s, "s", "row segment text after it")
     before = everything(s)
