@@ -103,6 +103,9 @@ ROW_DTYPE = np.dtype([("id", "S26"), ("session", "<u4"), ("ts", "<i8"), ("upd", 
                       ("importance", "<i8"), ("rec_pos", "<u8"), ("text_low", "<u8"), ("rec_size", "<u8"),
                       ("tcid", "<u8"), ("tags", "<u4"), ("tool", "<u4"), ("ext", "<u4"), ("codes", "<u4")])
 assert ROW_DTYPE.itemsize == _ROW_SIZE
+# single fields read in place, for the lookups a search makes of every candidate (cheaper than a row)
+_SESSION_AT, _TS_AT = ROW_DTYPE.fields["session"][1], ROW_DTYPE.fields["ts"][1]
+_U32, _I64 = struct.Struct("<I"), struct.Struct("<q")
 
 
 class MessageTable:
@@ -287,10 +290,14 @@ class MessageTable:
         return raw.decode("ascii") if raw[0] else self.odd_id[seq]
 
     def session_id(self, seq: int) -> str:
-        return self.sids[self.row(seq)[1] - 1]
+        return self.sids[_U32.unpack_from(self.rows, seq * _ROW_SIZE + _SESSION_AT)[0] - 1]
 
     def timestamp(self, seq: int) -> int:
-        return self.row(seq)[2]
+        return _I64.unpack_from(self.rows, seq * _ROW_SIZE + _TS_AT)[0]
+
+    def etype_of(self, seq: int) -> str | None:
+        """The event type of the message at ``seq`` (None: no live message there)."""
+        return _ETYPES[self.etype[seq]] if 0 <= seq < len(self.etype) else None
 
     def rec_size(self, seq: int) -> int:
         return self.row(seq)[8]

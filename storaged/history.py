@@ -218,8 +218,8 @@ class HistoryViews:
         return self._turn_at(s, t)
 
     def turn_id(self, s, start: int) -> str:
-        first = self.store.by_seq[s.seqs[start]]
-        anchor = first.message_id if first.etype == H.USER_INPUT else None
+        table, first = self.store.table, s.seqs[start]
+        anchor = table.message_id(first) if table.etype_of(first) == H.USER_INPUT else None
         return handles.turn_id(self.key, anchor, s.sid)
 
     def _turn_facts(self, s, start: int, end: int) -> dict[str, Any]:
@@ -227,21 +227,21 @@ class HistoryViews:
         last assistant response, unless the turn ended at an interrupt; system notes after it (a
         compaction marker) do not reopen the turn; anything else after it (a tool call) means the
         agent went on, so the turn is not known to be complete."""
-        by_seq = self.store.by_seq
+        table = self.store.table  # the event types from the table: only a system note is read
         terminal = final = None
         i = end - 1
         while i >= start and end - i <= _TERMINAL_LOOKBACK:
-            m = by_seq[s.seqs[i]]
-            if m.etype == H.ASSISTANT_RESPONSE:
+            etype = table.etype_of(s.seqs[i])
+            if etype == H.ASSISTANT_RESPONSE:
                 terminal = final = i
-            elif m.etype == H.SYSTEM:
-                if not m.content.startswith(H.INTERRUPT_MARKERS):
+            elif etype == H.SYSTEM:
+                if not table.get(s.seqs[i]).content.startswith(H.INTERRUPT_MARKERS):
                     i -= 1
                     continue
                 terminal = i
             break
         return {"completed": terminal is not None, "terminal": terminal, "final": final,
-                "terminal_event_id": handles.event_id(self.key, by_seq[s.seqs[terminal]].message_id)
+                "terminal_event_id": handles.event_id(self.key, table.message_id(s.seqs[terminal]))
                 if terminal is not None else None}
 
     def _turn_summary(self, s, index: int, start: int, end: int, with_ids: bool = True) -> dict[str, Any]:
@@ -357,20 +357,21 @@ class HistoryViews:
                                      and (source is None or self.source(sid) == source))
             return ok
 
+        table = store.table  # a candidate's fields read from its row, no Message built
+
         def accept(doc: int) -> bool:
-            m = by_seq.get(doc)
-            if m is None or m.etype not in types:
+            if table.etype_of(doc) not in types:
                 return False
-            if sid_only is not None and (m.session_id != sid_only or (lo is not None and not lo <= doc <= hi)):
+            sid = table.session_id(doc)
+            if sid_only is not None and (sid != sid_only or (lo is not None and not lo <= doc <= hi)):
                 return False
-            return session_ok(m.session_id)
+            return session_ok(sid)
 
         n = req["n_hits"]
         key = self.key
 
         def tiebreak(doc: int) -> tuple:   # newer first, then the smaller event id (as agents see it)
-            m = by_seq[doc]
-            return m.timestamp, _EventIdDescending(key, m.message_id)
+            return table.timestamp(doc), _EventIdDescending(key, table.message_id(doc))
 
         # the same conversation-aware ranking as search_messages (storaged/rank.py): an event's score
         # takes in its neighbours' in the session's order; only events that match themselves are hits

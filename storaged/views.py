@@ -308,13 +308,12 @@ def _neighbours(store: Store, msg: Message, n: int) -> dict[str, list[dict[str, 
 def session_neighbours(store: Store):
     """neighbours(seq, r) for storaged/rank.py: up to r live messages before and after in the
     message's session, nearest first (a bisect in Session.seqs, never a walk of the session)."""
-    by_seq, sessions = store.by_seq, store.sessions
+    table, sessions = store.table, store.sessions
 
     def neighbours(seq: int, r: int) -> tuple[list[int], list[int]]:
-        m = by_seq.get(seq)
-        if m is None:
+        if not table.alive(seq):
             return [], []
-        seqs = sessions[m.session_id].seqs
+        seqs = sessions[table.session_id(seq)].seqs
         i = bisect.bisect_left(seqs, seq)
         return seqs[max(0, i - r):i][::-1], seqs[i + 1:i + 1 + r]
 
