@@ -48,9 +48,9 @@ _CANONICAL = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}\Z")
 _KEY_CHARS = 12                     # the id's last 12 characters: 60 random bits, the lookup key
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _TO_INT32 = str.maketrans(_CROCKFORD, "0123456789abcdefghijklmnopqrstuv")
-_DIGIT = np.zeros(256, np.uint64)
+_DIGIT8 = np.zeros(256, np.uint8)
 for _i, _c in enumerate(_CROCKFORD):
-    _DIGIT[ord(_c)] = _i
+    _DIGIT8[ord(_c)] = _i
 
 # ids put since the sorted keys were last merged; beyond this many they are merged (a copy of the
 # key arrays: ~20 ms at five million messages, once every RECENT_MAX puts)
@@ -64,18 +64,31 @@ _LOW = (1 << _SHIFT) - 1
 _EXT_SPARSE = (1 << 32) - 1         # an ext with files: in the sparse dict, not shared
 
 
+_MIX = 0x9E3779B97F4A7C15          # 2^64 / golden ratio: spreads the high characters over the key
+_MASK64 = (1 << 64) - 1
+
+
 def id_key(mid: str) -> int:
-    """The lookup key of a canonical id (the same as ``_keys`` computes for a column of them)."""
-    return int(mid[ID_BYTES - _KEY_CHARS:].translate(_TO_INT32), 32)
+    """The lookup key of a canonical id (the same as ``_keys`` computes for a column of them): its last
+    12 characters (the random part) mixed with the 12 before them (time and the rest), so that ids
+    alike in either half (sequential imports, a monotonic generator's run) still spread."""
+    low = int(mid[ID_BYTES - _KEY_CHARS:].translate(_TO_INT32), 32)
+    high = int(mid[ID_BYTES - 2 * _KEY_CHARS:ID_BYTES - _KEY_CHARS].translate(_TO_INT32), 32)
+    return low ^ (high * _MIX & _MASK64)
 
 
 def _keys(ids: np.ndarray) -> np.ndarray:
     """The keys of rows of ids (an (n, 26) uint8 array)."""
-    key = np.zeros(len(ids), np.uint64)
-    for c in range(ID_BYTES - _KEY_CHARS, ID_BYTES):
-        key <<= np.uint64(5)
-        key |= _DIGIT[ids[:, c]]
-    return key
+    digits = _DIGIT8[ids[:, ID_BYTES - 2 * _KEY_CHARS:]]   # (n, 24) digit values, one byte each
+    halves = []
+    for first in (_KEY_CHARS, 0):
+        key = np.zeros(len(ids), np.uint64)
+        for c in range(first, first + _KEY_CHARS):
+            key <<= np.uint64(5)
+            key |= digits[:, c]
+        halves.append(key)
+    low, high = halves
+    return low ^ (high * np.uint64(_MIX))
 
 
 class _Interned:
@@ -103,6 +116,8 @@ ROW_DTYPE = np.dtype([("id", "S26"), ("session", "<u4"), ("ts", "<i8"), ("upd", 
                       ("importance", "<i8"), ("rec_pos", "<u8"), ("text_low", "<u8"), ("rec_size", "<u8"),
                       ("tcid", "<u8"), ("tags", "<u4"), ("tool", "<u4"), ("ext", "<u4"), ("codes", "<u4")])
 assert ROW_DTYPE.itemsize == _ROW_SIZE
+# rows gathered and scattered as opaque records: ~15x faster in numpy than through the structured dtype
+_RECORD = np.dtype((np.void, _ROW_SIZE))
 # single fields read in place, for the lookups a search makes of every candidate (cheaper than a row)
 _SESSION_AT, _TS_AT = ROW_DTYPE.fields["session"][1], ROW_DTYPE.fields["ts"][1]
 _U32, _I64 = struct.Struct("<I"), struct.Struct("<q")
@@ -163,8 +178,10 @@ class MessageTable:
     def _grow(self, n: int) -> None:
         """Rows up to seq ``n - 1`` exist (new ones zero: no message)."""
         k = n - len(self.etype)
-        if k > 0:
-            self.rows.extend(bytes(k * self.ROW.size))
+        if k > 0 and not self.etype:  # fresh zeroed memory, not zeros copied in
+            self.rows, self.etype = bytearray(n * _ROW_SIZE), bytearray(n)
+        elif k > 0:
+            self.rows.extend(bytes(k * _ROW_SIZE))
             self.etype.extend(bytes(k))
 
     def alive(self, seq: int) -> bool:
@@ -389,12 +406,12 @@ class MessageTable:
         canonical = ids[:, 0] != 0
         seqs, ids = seqs[canonical], ids[canonical]
         keys = _keys(ids)
-        order = np.argsort(keys, kind="stable")
+        order = np.argsort(keys)  # equal keys need no order: a lookup tries each
         self._set_keys(keys[order], seqs[order])
 
     # ------------------------------------------------------------------ row segments (snapshot.py)
     def segment_columns(self, seqs: np.ndarray, locs: Any = None, rec_sizes: Any = None) -> dict[str, Any]:
-        """The rows of ``seqs`` (live, ascending) as a row segment holds them (docs/format.md §5): the
+        """The rows of ``seqs`` (live, ascending) as a row segment holds them (docs/format.md §4.1): the
         packed rows as they are here, but numbered against tables of the segment's own (session ids,
         tag sets, tools, exts) and with tool_call_ids in a byte string of its own, so a segment reads
         the same in any process; the rarer fields as [seq, value] pairs. ``locs`` / ``rec_sizes``
@@ -402,8 +419,8 @@ class MessageTable:
         seqs = np.asarray(seqs, np.int64)
         if len(seqs) and (seqs.min() < 0 or seqs.max() >= len(self.etype)):
             raise ValueError("a row segment can only hold live rows")
-        view = np.frombuffer(self.rows, ROW_DTYPE)
-        rows = view[seqs]                      # a copy: the view is dropped before anything grows
+        view = np.frombuffer(self.rows, _RECORD)
+        rows = view[seqs].view(ROW_DTYPE)      # a copy: the view is dropped before anything grows
         del view
         etype = np.frombuffer(self.etype, np.uint8)[seqs]
         if len(seqs) and not etype.all():
@@ -434,6 +451,10 @@ class MessageTable:
             tcids[i] = at << _STR_LEN_BITS | n
             at += n
         rows["tcid"][has] = np.asarray(tcids, np.uint64)
+        ids = rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, :ID_BYTES]
+        canonical = ids[:, 0] != 0
+        keys, key_seqs = _keys(ids[canonical]), seqs[canonical]
+        order = np.argsort(keys)
         wanted = set(seqs.tolist()) if len(seqs) != self.count else None
 
         def pairs(values: dict[int, Any], form=lambda v: v) -> list[list[Any]]:
@@ -441,7 +462,10 @@ class MessageTable:
 
         return {
             "seqs": seqs.astype("<u8").tobytes(), "rows": rows.tobytes(), "etype": etype.tobytes(),
-            "tcid": b"".join(pieces), "sids": sids,
+            "tcid": b"".join(pieces),
+            # the canonical ids' lookup keys, sorted, and their seqs: a start merges them, not sorts them
+            "keys": keys[order].astype("<u8").tobytes(), "key_seqs": key_seqs[order].astype("<u8").tobytes(),
+            "sids": sids,
             "tagsets": [list(t) for t in tables["tags"]], "tools": tables["tool"],
             "exts": [None if e is None else [e[0], e[1], e[2]] for e in exts],
             "summary": pairs(self.summary), "relations": pairs(self.relations, lambda v: [list(r) for r in v]),
@@ -469,31 +493,42 @@ class MessageTable:
         top = max(top, max((max(dead) for _, dead in segments if dead), default=-1))
         self._grow(top + 1)
         view = np.frombuffer(self.rows, ROW_DTYPE)
+        records = view.view(_RECORD)
         alive = np.frombuffer(self.etype, np.uint8)
         owner = np.full(top + 1, -1, np.int32)
         try:
             for i, ((cols, dead), seqs) in enumerate(zip(segments, all_seqs)):
-                rows = np.frombuffer(cols["rows"], ROW_DTYPE).copy()
+                rows = np.frombuffer(cols["rows"], ROW_DTYPE)   # the mapping: copied only to be renumbered
                 etype = np.frombuffer(cols["etype"], np.uint8)
                 if len(rows) != len(seqs) or len(etype) != len(seqs) or (len(seqs) and not etype.all()):
                     raise ValueError("a row segment's columns differ in length, or hold a dead row")
-                sid_map = np.array([0, *(self._sid_number(sid) for sid in cols["sids"])], np.uint32)
-                rows["session"] = sid_map[rows["session"]]
+                maps = {"session": [0, *(self._sid_number(sid) for sid in cols["sids"])],
+                        "tags": [self.tagsets.code(shared_tags(t)) if t else 0 for t in cols["tagsets"]],
+                        "tool": [self.tools.code(intern(t)) if t is not None else 0 for t in cols["tools"]],
+                        "ext": [self._ext_number(e) for e in cols["exts"]]}
+                shared = rows["ext"] != _EXT_SPARSE
+                for field, numbers in maps.items():
+                    values = rows[field][shared] if field == "ext" else rows[field]
+                    if len(values) and int(values.max()) >= len(numbers):
+                        raise ValueError(f"a row segment's {field} number is beyond its table")
                 if len(rows) and not rows["session"].all():
                     raise ValueError("a row segment's row names no session")
-                tag_map = np.array([self.tagsets.code(shared_tags(t)) if t else 0 for t in cols["tagsets"]], np.uint32)
-                rows["tags"] = tag_map[rows["tags"]]
-                tool_map = np.array([self.tools.code(intern(t)) if t is not None else 0 for t in cols["tools"]],
-                                    np.uint32)
-                rows["tool"] = tool_map[rows["tool"]]
-                ext_map = np.array([self._ext_number(e) for e in cols["exts"]], np.uint32)
-                shared = rows["ext"] != _EXT_SPARSE
-                rows["ext"][shared] = ext_map[rows["ext"][shared]]
-                has = rows["tcid"] != np.uint64(_NO_STR)
-                rows["tcid"][has] += np.uint64(len(self.tcid_bytes) << _STR_LEN_BITS)
+                renumber = {field: np.asarray(numbers, np.uint32) for field, numbers in maps.items()
+                            if numbers != list(range(len(numbers)))}
+                if renumber or self.tcid_bytes or self.generation:
+                    rows = rows.copy()
+                    for field, mapping in renumber.items():
+                        if field == "ext":
+                            rows["ext"][shared] = mapping[rows["ext"][shared]]
+                        else:
+                            rows[field] = mapping[rows[field]]
+                    if self.tcid_bytes:
+                        has = rows["tcid"] != np.uint64(_NO_STR)
+                        rows["tcid"][has] += np.uint64(len(self.tcid_bytes) << _STR_LEN_BITS)
+                    if self.generation:
+                        rows["codes"] = (rows["codes"] & np.uint32(0xFFFFFF)) | np.uint32(self.generation << 24)
                 self.tcid_bytes += cols["tcid"]
-                rows["codes"] = (rows["codes"] & np.uint32(0xFFFFFF)) | np.uint32(self.generation << 24)
-                view[seqs] = rows
+                records[seqs] = rows.view(_RECORD)
                 alive[seqs] = etype
                 owner[seqs] = i
                 if dead:
@@ -503,7 +538,7 @@ class MessageTable:
                     owner[dead_seqs] = -1
             self.count = int(np.count_nonzero(alive))
         finally:
-            del view, alive
+            del view, records, alive
         for i, (cols, _) in enumerate(segments):
             for seq, value in cols["summary"]:
                 if owner[seq] == i:
@@ -521,7 +556,30 @@ class MessageTable:
                 if owner[seq] == i:
                     self.odd_id[seq] = value
                     self.odd_seq[value] = seq
-        self.index_all_ids()
+        self._merge_segment_keys(segments)
+
+    def _merge_segment_keys(self, segments: list[tuple[dict[str, Any], list[int]]]) -> None:
+        """The id lookup from the segments' sorted keys: each merged into the ones before it (a
+        linear insert), the keys of seqs no longer live then dropped."""
+        keys = np.zeros(0, np.uint64)
+        key_seqs = np.zeros(0, np.int64)
+        for cols, _ in segments:
+            k = np.frombuffer(cols["keys"], "<u8").astype(np.uint64)
+            q = np.frombuffer(cols["key_seqs"], "<u8").astype(np.int64)
+            if len(k) != len(q) or (len(k) > 1 and not (k[1:] >= k[:-1]).all()):
+                raise ValueError("a row segment's id keys are not sorted, or not one a seq")
+            if len(q) and int(q.max()) >= len(self.etype):
+                raise ValueError("a row segment's id key names a seq beyond its rows")
+            if len(keys):
+                at = np.searchsorted(keys, k)
+                keys, key_seqs = np.insert(keys, at, k), np.insert(key_seqs, at, q)
+            else:
+                keys, key_seqs = k, q
+        live = np.frombuffer(self.etype, np.uint8)[key_seqs] != 0
+        if not live.all():
+            keys, key_seqs = keys[live], key_seqs[live]
+        self.recent.clear()
+        self._set_keys(keys, key_seqs)
 
     def _sid_number(self, sid: str) -> int:
         number = self.sid_number.get(sid)

@@ -51,7 +51,8 @@ ROWS_MAGIC = b"CVMEMROW"
 # snapshot writes a version 2 base (Store.rows_legacy).
 ROWS_VERSION = 2
 ROWS_VERSIONS = (1, 2)
-_COLUMN_SECTIONS = ("seqs", "rows", "etype", "tcid")   # raw bytes after the head, in this order
+# raw bytes after the head, in this order
+_COLUMN_SECTIONS = ("seqs", "rows", "etype", "tcid", "keys", "key_seqs")
 OUTDATED_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
@@ -146,9 +147,9 @@ def write_row_columns(io: FileIO, path: str, columns: dict[str, Any], dead: Iter
     gave, then the tail (as ``write_rows``'; its ``seqs`` is nil: they are a column). Returns the
     number of rows.
 
-    Body: ``head seqs rows etype tcid tail`` — ``head`` a msgpack map of every column that is not raw
-    bytes plus each raw section's length (``<name>_bytes``); the four sections raw, back to back, so a
-    reader maps them in place; ``tail`` as in version 1."""
+    Body: ``head seqs rows etype tcid keys key_seqs tail`` — ``head`` a msgpack map of every column
+    that is not raw bytes plus each raw section's length (``<name>_bytes``); the six sections raw, back
+    to back, so a reader maps them in place; ``tail`` as in version 1."""
     packer = msgpack.Packer(use_bin_type=True)
     count = len(columns["seqs"]) // 8
     head = {key: value for key, value in columns.items() if key not in _COLUMN_SECTIONS}

@@ -154,9 +154,6 @@ class Store:
         self.session_keys: dict[bytes, str] = {}  # handles.session_digest(sid) -> sid, for session: ids
         self.relations = RelationIndex()
         self.touches = TouchIndex()
-        # each seq's event type as a code (ETYPE_CODE), one byte a seq: a search filtered by event
-        # type asks it of all the docs it reached at once (etype_filter), not message by message
-        self.etype_codes = self.table.etype
         # The search index lags the state by the messages in ``unindexed`` (seqs, oldest first): a
         # mutation or replay only queues its message, and the daemon indexes the queue in slices between
         # requests (``index_step``), so a big import or a replay never holds every client behind its
@@ -621,17 +618,18 @@ class Store:
 
     def etype_filter(self, types) -> Callable[[np.ndarray], np.ndarray]:
         """accept_docs for SearchIndex.search_own: which of an array of seqs are messages of one of
-        ``types`` (dead or unknown seqs: no), in C."""
-        table = np.zeros(256, bool)
+        ``types`` (dead or unknown seqs: no), in C: each seq's event type is a byte of the message
+        table's (MessageTable.etype, 0 for no live message)."""
+        wanted = np.zeros(256, bool)
         for t in types:
-            table[ETYPE_CODE[t]] = True
-        codes = self.etype_codes
+            wanted[ETYPE_CODE[t]] = True
+        table = self.table
 
         def accept_docs(docs: np.ndarray) -> np.ndarray:
-            view = np.frombuffer(codes, np.uint8)  # dropped on return: the table must grow it
+            view = np.frombuffer(table.etype, np.uint8)  # dropped on return: the table must grow it
             out = np.zeros(len(docs), bool)
             inside = (docs >= 0) & (docs < len(view))
-            out[inside] = table[view[docs[inside]]]
+            out[inside] = wanted[view[docs[inside]]]
             return out
         return accept_docs
 

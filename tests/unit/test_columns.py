@@ -118,17 +118,31 @@ def test_ids_are_found_before_and_after_the_keys_are_merged(monkeypatch):
     assert _ulid(99) not in t.by_id and "nonsense" not in t.by_id and 5 not in t.by_id
 
 
-def test_colliding_keys_are_told_apart_by_the_id():
+def test_colliding_keys_are_told_apart_by_the_id(monkeypatch):
+    """Every id given the same key (the worst a key function can do): each is still found by its own
+    id, in the recent ids and the sorted keys alike, and a dropped one is not."""
+    monkeypatch.setattr(columns, "id_key", lambda mid: 7)
+    monkeypatch.setattr(columns, "_keys", lambda ids: np.full(len(ids), 7, np.uint64))
     t = MessageTable()
-    a, b = _ulid(77, "01J0000000"), _ulid(77, "01K1111111")
-    assert id_key(a) == id_key(b) and a != b
-    t.put(_message(1, a))
-    t.put(_message(2, b))
+    for seq in range(1, 30):
+        t.put(_message(seq))
     t.merge_keys()
-    assert t.by_id[a].seq == 1 and t.by_id[b].seq == 2
-    t.drop(1)
+    t.put(_message(30))
+    assert all(t.by_id[_ulid(seq)].seq == seq for seq in range(1, 31))
+    t.drop(4)
     t.merge_keys()
-    assert a not in t.by_id and t.by_id[b].seq == 2
+    assert _ulid(4) not in t.by_id and t.by_id[_ulid(5)].seq == 5 and _ulid(99) not in t.by_id
+
+
+def test_ids_alike_in_either_half_get_different_keys():
+    """Ids that share their random part (a sequence imported at different times) or their time and
+    high bits (a monotonic generator's run) spread over the keys instead of piling on one."""
+    same_tail = [f"01J{i:07d}" + "0" * 16 for i in range(1000)]
+    same_head = [_ulid(i) for i in range(1000)]
+    for ids in (same_tail, same_head):
+        assert len({id_key(mid) for mid in ids}) == 1000
+        raw = np.frombuffer("".join(ids).encode("ascii"), np.uint8).reshape(-1, 26)
+        assert columns._keys(raw).tolist() == [id_key(mid) for mid in ids]
 
 
 def test_an_id_deleted_and_stored_again_finds_its_new_seq():
@@ -256,7 +270,11 @@ def test_a_compaction_s_row_segment_carries_the_new_locations():
 def test_a_row_segment_that_does_not_hold_together_is_refused():
     t = _table_of([_message(seq) for seq in (1, 2)])
     cols = t.segment_columns(t.live_seqs())
-    for broken in ({**cols, "sids": []}, {**cols, "etype": cols["etype"][:1]}, {**cols, "tagsets": []}):
+    keys = np.frombuffer(cols["keys"], "<u8")
+    unsorted = keys[::-1].tobytes() if keys[0] != keys[1] else keys.tobytes()
+    far = np.array([1, 99], "<u8").tobytes()
+    for broken in ({**cols, "sids": []}, {**cols, "etype": cols["etype"][:1]}, {**cols, "tagsets": []},
+                   {**cols, "keys": unsorted}, {**cols, "key_seqs": far}, {**cols, "key_seqs": far[:8]}):
         with pytest.raises(ValueError):
             MessageTable().load_segments([(broken, [])], SRC)
     with pytest.raises(ValueError):
