@@ -135,6 +135,7 @@ def _message_type_tuples() -> tuple[frozenset, frozenset]:
 
 _TYPES_0_1, _TYPES = _message_type_tuples()
 _ROLES = frozenset(L.ROLES)
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _TIERS = frozenset(L.MEMORY_TIERS)
 _KINDS = frozenset(L.MEMORY_KINDS)
 _ETYPES = frozenset(EVENT_TYPES)
@@ -160,6 +161,11 @@ def check_message(f: Any) -> str | None:
         return "message has a field of the wrong type"
     if f[ROLE] not in _ROLES or f[TIER] not in _TIERS or f[KIND] not in _KINDS:
         return "message has an unknown role, tier or kind"
+    if not (0 <= f[SEQ] <= _I64_MAX and _I64_MIN <= f[TIMESTAMP] <= _I64_MAX and _I64_MIN <= f[UPDATED_AT] <= _I64_MAX
+            and _I64_MIN <= f[REVISION] <= _I64_MAX and _I64_MIN <= f[IMPORTANCE] <= _I64_MAX):
+        # the message table holds these as 64-bit ints (storaged/columns.py); no validated request
+        # comes near (times are below 2^48, importance 0-100)
+        return "message has a sequence number, time, revision or importance beyond 64 bits"
     if f[TAGS_FIELD] and not _strs(f[TAGS_FIELD]):
         return "message tags are not strings"
     if f[SOURCE_IDS] and not _strs(f[SOURCE_IDS]):

@@ -255,3 +255,18 @@ def test_what_the_wire_accepts_in_a_checkpoint_is_never_damage_later(tmp_path):
     assert (store.log_size(), store.recovered_tail, store.corrupt) == (size, False, None)
     assert store.ingest.checkpoints[("claude", "/a.jsonl")] == {b"pos": 1, "events": 2}
     store.close()
+
+
+@pytest.mark.parametrize("field", ["seq", "timestamp", "updated_at", "revision", "importance"])
+def test_a_number_beyond_64_bits_is_refused(field):
+    """The message table holds these fields as 64-bit ints (storaged/columns.py): a record beyond that is
+    damage the scan reports, never a replay that dies packing it."""
+    at = records.MESSAGE_FIELDS.index(field)
+    for value, ok in (((1 << 63) - 1, True), (1 << 63, False), ((1 << 64) - 1, False), (-(1 << 63), field != "seq"),
+                      (-1, field != "seq")):
+        f = message()
+        f[at] = value
+        reason = records.check(records.write(None, f))
+        assert (reason is None) == ok, (value, reason)
+        if not ok:
+            assert "64 bits" in reason
