@@ -457,7 +457,12 @@ class _Framed:
         if body is not None:
             body.release()
         if hasattr(self._buf, "close"):
-            self._buf.close()
+            try:
+                self._buf.close()
+            except BufferError:
+                # a view of a row segment's section still lives (a traceback holding a frame that
+                # read it, say): the mapping goes with the last view instead
+                pass
 
 
 class _Slices:
