@@ -214,39 +214,46 @@ class MessageTable:
              rec_size: int, src: LogText) -> None:
         if loc.__class__ is not int:
             raise ValueError("a message's text must be stored before the table holds it")
+        canonical = len(mid) == ID_BYTES and _CANONICAL.match(mid)
+        raw = mid.encode("ascii") if canonical else b""
+        encoded = tcid.encode("utf-8") if tcid is not None else b""
+        if len(encoded) > _STR_LEN_MASK:
+            raise ValueError(f"message {mid!r} has a tool_call_id longer than the message table holds")
+        tcid_at = _NO_STR if tcid is None else len(self.tcid_bytes) << _STR_LEN_BITS | len(encoded)
+        if ext is None:
+            ext_no = 0
+        elif ext[3]:
+            ext_no = _EXT_SPARSE
+        else:
+            ext_no = self.exts.code(ext, (type(ext[0]), type(ext[1]), ext))
+        if src is not self.sources.get(self.generation):
+            self.set_source(src)
+        # packed before anything changes: a value the row cannot hold (a hand-made log's timestamp
+        # of 2^63) leaves the table as it was
+        try:
+            packed = self.ROW.pack(raw, self._sid_number(sid), ts, upd, rev, importance, loc >> _SHIFT,
+                                   loc & _LOW, rec_size, tcid_at, self.tagsets.code(tags) if tags else 0,
+                                   self.tools.code(tool) if tool is not None else 0, ext_no,
+                                   _ROLE_CODE[role] | _TIER_CODE[tier] << 8 | _KIND_CODE[kind] << 16
+                                   | self.generation << 24)
+        except struct.error as exc:
+            raise ValueError(f"message {mid!r} has a field the message table cannot hold ({exc})") from None
         if seq >= len(self.etype):
             self._grow(seq + 1 + (seq >> 4))
         if self.etype[seq]:
             self._forget(seq)
         else:
             self.count += 1
-        number = self._sid_number(sid)
-        if len(mid) == ID_BYTES and _CANONICAL.match(mid):
-            raw = mid.encode("ascii")
+        if canonical:
             self.recent[mid] = seq
         else:
-            raw = b""
             self.odd_id[seq] = mid
             self.odd_seq[mid] = seq
-        if tcid is None:
-            tcid_at = _NO_STR
-        else:
-            encoded = tcid.encode("utf-8")
-            tcid_at = len(self.tcid_bytes) << _STR_LEN_BITS | len(encoded)
+        if tcid is not None:
             self.tcid_bytes += encoded
-        if ext is None:
-            ext_no = 0
-        elif ext[3]:
-            ext_no = _EXT_SPARSE
+        if ext_no == _EXT_SPARSE:
             self.ext_files[seq] = ext
-        else:
-            ext_no = self.exts.code(ext, (type(ext[0]), type(ext[1]), ext))
-        if src is not self.sources.get(self.generation):
-            self.set_source(src)
-        self.ROW.pack_into(self.rows, seq * self.ROW.size, raw, number, ts, upd, rev, importance, loc >> _SHIFT,
-                           loc & _LOW, rec_size, tcid_at, self.tagsets.code(tags) if tags else 0,
-                           self.tools.code(tool) if tool is not None else 0, ext_no,
-                           _ROLE_CODE[role] | _TIER_CODE[tier] << 8 | _KIND_CODE[kind] << 16 | self.generation << 24)
+        self.rows[seq * _ROW_SIZE:(seq + 1) * _ROW_SIZE] = packed
         self.etype[seq] = ETYPE_CODE[etype]
         if summary is not None:
             self.summary[seq] = summary
