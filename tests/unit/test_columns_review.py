@@ -30,3 +30,76 @@ def test_a_value_the_row_cannot_hold_changes_nothing():
     assert len(t) == 1 and list(t.by_seq) == [1]
     assert _ulid(2) not in t.by_id and t.by_id.get(_ulid(2)) is None
     assert _state(t.get(1)) == _state(_message(1, summary="kept"))
+
+
+def _segment():
+    t = _table_of([_message(1), _message(2, "odd-id", ext=(None, None, None, (("/a/b", None, None, None, "read"),))),
+                   _message(3, tool_call_id="call-3")])
+    return t.segment_columns(t.live_seqs())
+
+
+def _with_rows(cols, **fields):
+    rows = np.frombuffer(cols["rows"], ROW_DTYPE).copy()
+    for name, (i, value) in fields.items():
+        rows[name][i] = value
+    return {**cols, "rows": rows.tobytes()}
+
+
+def _damaged():
+    cols = _segment()
+    etype = bytearray(cols["etype"])
+    etype[0] = 200
+    return {
+        "etype code": ({**cols, "etype": bytes(etype)}, []),
+        "role code": (_with_rows(cols, codes=(0, 99)), []),
+        "source generation": (_with_rows(cols, codes=(0, 5 << 24)), []),
+        "tool_call_id past its bytes": (_with_rows(cols, tcid=(2, 1000 << 24 | 5)), []),
+        "ext with files, no entry": ({**cols, "ext_files": []}, []),
+        "odd id, no entry": ({**cols, "odd_ids": []}, []),
+        "seqs repeated": ({**cols, "seqs": np.array([1, 1, 3], "<u8").tobytes()}, []),
+        "negative dead seq": (cols, [-1]),
+        "negative sparse seq": ({**cols, "summary": [[-1, "x"]]}, []),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_damaged()))
+def test_a_damaged_row_segment_is_refused_at_load(case):
+    """Each of these loaded without a word before: rows that raise IndexError/KeyError when read (every
+    request that reaches them fails), or silently the wrong rows (a dead seq of -1 killed the last
+    row; a repeated seq put one message's row at another's seq)."""
+    cols, dead = _damaged()[case]
+    with pytest.raises(ValueError):
+        MessageTable().load_segments([(cols, dead)], SRC)
+
+
+def test_a_row_segment_seq_beyond_the_snapshot_s_last_is_refused():
+    """A damaged seq of 2^40 would size the table for it (110 TB: a MemoryError, which the start does
+    not catch): the snapshot's last_seq bounds it."""
+    cols = _segment()
+    cols = {**cols, "seqs": np.array([1, 2, 1 << 40], "<u8").tobytes()}
+    with pytest.raises(ValueError):
+        MessageTable().load_segments([(cols, [])], SRC, last_seq=3)
+
+
+def test_a_store_replays_the_log_when_a_row_segment_has_a_bad_code(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    s = Store.open(d)
+    for i in range(6):
+        write(s, f"s{i % 2}", f"text {i}")
+    expected = {mid: s.by_id[mid].to_dict() for mid in s.by_id}
+    real = MessageTable.segment_columns
+
+    def damaged(self, *args, **kw):
+        cols = real(self, *args, **kw)
+        return {**cols, "etype": bytes([200]) + bytes(cols["etype"][1:])}
+
+    monkeypatch.setattr(MessageTable, "segment_columns", damaged)
+    assert s.write_snapshot()
+    s.close()
+    monkeypatch.setattr(MessageTable, "segment_columns", real)
+    again = Store.open(d)
+    try:
+        assert not again.snapshot_valid
+        assert {mid: again.by_id[mid].to_dict() for mid in again.by_id} == expected
+    finally:
+        again.close()
