@@ -103,3 +103,20 @@ def test_a_store_replays_the_log_when_a_row_segment_has_a_bad_code(tmp_path, mon
         assert {mid: again.by_id[mid].to_dict() for mid in again.by_id} == expected
     finally:
         again.close()
+
+
+def test_a_mapped_row_segment_with_a_bad_tail_is_refused_not_a_buffer_error(tmp_path):
+    """A segment of 1 MB and more is mapped; its column sections are views of the mapping. A bad
+    tail (or a section past the body) closed the mapping while the views were alive: BufferError,
+    which the start does not catch (the daemon did not start), and the mapping stayed open."""
+    t = _table_of([_message(seq, tool_call_id="x" * 200) for seq in range(1, 6000)])
+    cols = t.segment_columns(t.live_seqs())
+    head = {k: v for k, v in cols.items() if k not in snapshot._COLUMN_SECTIONS}
+    head.update({f"{n}_bytes": len(cols[n]) for n in snapshot._COLUMN_SECTIONS})
+    parts = [msgpack.packb(head, use_bin_type=True), *(bytes(cols[n]) for n in snapshot._COLUMN_SECTIONS),
+             msgpack.packb({"rows": "not a count", "dead": []})]
+    path = os.path.join(str(tmp_path), "rows")
+    snapshot._write_framed(FileIO(), path, snapshot.ROWS_MAGIC, 2, parts)
+    assert os.path.getsize(path) >= 1 << 20  # mapped, not read
+    with pytest.raises(snapshot.SnapshotInvalid):
+        snapshot._RowSegment(FileIO(), path)
