@@ -214,39 +214,46 @@ class MessageTable:
              rec_size: int, src: LogText) -> None:
         if loc.__class__ is not int:
             raise ValueError("a message's text must be stored before the table holds it")
+        canonical = len(mid) == ID_BYTES and _CANONICAL.match(mid)
+        raw = mid.encode("ascii") if canonical else b""
+        encoded = tcid.encode("utf-8") if tcid is not None else b""
+        if len(encoded) > _STR_LEN_MASK:
+            raise ValueError(f"message {mid!r} has a tool_call_id longer than the message table holds")
+        tcid_at = _NO_STR if tcid is None else len(self.tcid_bytes) << _STR_LEN_BITS | len(encoded)
+        if ext is None:
+            ext_no = 0
+        elif ext[3]:
+            ext_no = _EXT_SPARSE
+        else:
+            ext_no = self.exts.code(ext, (type(ext[0]), type(ext[1]), ext))
+        if src is not self.sources.get(self.generation):
+            self.set_source(src)
+        # packed before anything changes: a value the row cannot hold (a hand-made log's timestamp
+        # of 2^63) leaves the table as it was
+        try:
+            packed = self.ROW.pack(raw, self._sid_number(sid), ts, upd, rev, importance, loc >> _SHIFT,
+                                   loc & _LOW, rec_size, tcid_at, self.tagsets.code(tags) if tags else 0,
+                                   self.tools.code(tool) if tool is not None else 0, ext_no,
+                                   _ROLE_CODE[role] | _TIER_CODE[tier] << 8 | _KIND_CODE[kind] << 16
+                                   | self.generation << 24)
+        except struct.error as exc:
+            raise ValueError(f"message {mid!r} has a field the message table cannot hold ({exc})") from None
         if seq >= len(self.etype):
             self._grow(seq + 1 + (seq >> 4))
         if self.etype[seq]:
             self._forget(seq)
         else:
             self.count += 1
-        number = self._sid_number(sid)
-        if len(mid) == ID_BYTES and _CANONICAL.match(mid):
-            raw = mid.encode("ascii")
+        if canonical:
             self.recent[mid] = seq
         else:
-            raw = b""
             self.odd_id[seq] = mid
             self.odd_seq[mid] = seq
-        if tcid is None:
-            tcid_at = _NO_STR
-        else:
-            encoded = tcid.encode("utf-8")
-            tcid_at = len(self.tcid_bytes) << _STR_LEN_BITS | len(encoded)
+        if tcid is not None:
             self.tcid_bytes += encoded
-        if ext is None:
-            ext_no = 0
-        elif ext[3]:
-            ext_no = _EXT_SPARSE
+        if ext_no == _EXT_SPARSE:
             self.ext_files[seq] = ext
-        else:
-            ext_no = self.exts.code(ext, (type(ext[0]), type(ext[1]), ext))
-        if src is not self.sources.get(self.generation):
-            self.set_source(src)
-        self.ROW.pack_into(self.rows, seq * self.ROW.size, raw, number, ts, upd, rev, importance, loc >> _SHIFT,
-                           loc & _LOW, rec_size, tcid_at, self.tagsets.code(tags) if tags else 0,
-                           self.tools.code(tool) if tool is not None else 0, ext_no,
-                           _ROLE_CODE[role] | _TIER_CODE[tier] << 8 | _KIND_CODE[kind] << 16 | self.generation << 24)
+        self.rows[seq * _ROW_SIZE:(seq + 1) * _ROW_SIZE] = packed
         self.etype[seq] = ETYPE_CODE[etype]
         if summary is not None:
             self.summary[seq] = summary
@@ -474,23 +481,34 @@ class MessageTable:
             "odd_ids": pairs(self.odd_id),
         }
 
-    def load_segments(self, segments: list[tuple[dict[str, Any], list[int]]], src: LogText) -> None:
+    def load_segments(self, segments: list[tuple[dict[str, Any], list[int]]], src: LogText,
+                      last_seq: int | None = None) -> None:
         """Fill an empty table from row segments, oldest first: ([the columns ``segment_columns``
         wrote], the seqs deleted since the segment before). A later segment's row of a seq replaces
         an earlier one's; a seq deleted in a segment is gone from it on. Raises ValueError on a
-        segment that does not hold together (the caller then replays the log)."""
+        segment that does not hold together (the caller then replays the log), or names a seq beyond
+        ``last_seq`` (the snapshot's)."""
         if self.count or len(self.etype):
             raise ValueError("load_segments fills an empty table")
         try:
-            self._load_segments(segments, src)
+            self._load_segments(segments, src, last_seq)
         except (IndexError, TypeError, KeyError, struct.error) as exc:
             raise ValueError(f"a row segment does not hold together ({type(exc).__name__}: {exc})") from None
 
-    def _load_segments(self, segments: list[tuple[dict[str, Any], list[int]]], src: LogText) -> None:
+    def _load_segments(self, segments: list[tuple[dict[str, Any], list[int]]], src: LogText,
+                       last_seq: int | None) -> None:
         self.set_source(src)
         all_seqs = [np.frombuffer(cols["seqs"], "<u8").astype(np.int64) for cols, _ in segments]
+        for seqs, (_, dead) in zip(all_seqs, segments):
+            # ascending and not negative (a seq of 2^64 - 1 reads as -1: numpy would take it from the end)
+            if len(seqs) and (seqs[0] < 0 or not (seqs[1:] > seqs[:-1]).all()):
+                raise ValueError("a row segment's seqs are not ascending")
+            if dead and min(dead) < 0:
+                raise ValueError("a row segment deletes a negative seq")
         top = max((int(s.max()) for s in all_seqs if len(s)), default=-1)
         top = max(top, max((max(dead) for _, dead in segments if dead), default=-1))
+        if last_seq is not None and top > last_seq:
+            raise ValueError("a row segment names a seq beyond the snapshot's last")
         self._grow(top + 1)
         view = np.frombuffer(self.rows, ROW_DTYPE)
         records = view.view(_RECORD)
@@ -513,6 +531,7 @@ class MessageTable:
                         raise ValueError(f"a row segment's {field} number is beyond its table")
                 if len(rows) and not rows["session"].all():
                     raise ValueError("a row segment's row names no session")
+                _check_codes(rows, etype, len(cols["tcid"]), seqs, cols)
                 renumber = {field: np.asarray(numbers, np.uint32) for field, numbers in maps.items()
                             if numbers != list(range(len(numbers)))}
                 if renumber or self.tcid_bytes or self.generation:
@@ -540,6 +559,9 @@ class MessageTable:
         finally:
             del view, records, alive
         for i, (cols, _) in enumerate(segments):
+            if any(pair[0] < 0 for name in ("summary", "relations", "source_ids", "ext_files", "odd_ids")
+                   for pair in cols[name]):
+                raise ValueError("a row segment's sparse field names a negative seq")
             for seq, value in cols["summary"]:
                 if owner[seq] == i:
                     self.summary[seq] = value
@@ -674,6 +696,26 @@ class ById(Mapping):
     def __iter__(self) -> Iterator[str]:
         message_id = self._t.message_id
         return (message_id(int(seq)) for seq in self._t.live_seqs())
+
+
+def _check_codes(rows: np.ndarray, etype: np.ndarray, tcid_size: int, seqs: np.ndarray, cols: dict[str, Any]) -> None:
+    """A row segment's codes are ones ``get`` can read: an event type, role, tier and kind it knows, no
+    source generation (a process's own), tool_call_ids inside the segment's bytes, and a sparse entry
+    for each row that says it has one (an ext with files, an id that is not a canonical ULID)."""
+    if not len(rows):
+        return
+    codes = rows["codes"]
+    if (int(etype.max()) >= len(_ETYPES) or int((codes & 0xFF).max()) >= len(_ROLES)
+            or int((codes >> 8 & 0xFF).max()) >= len(_TIERS) or int((codes >> 16 & 0xFF).max()) >= len(_KINDS)
+            or int((codes >> 24).max()) != 0):
+        raise ValueError("a row segment's row has a code beyond its table")
+    tcid = rows["tcid"][rows["tcid"] != np.uint64(_NO_STR)]
+    if len(tcid) and int(((tcid >> np.uint64(_STR_LEN_BITS)) + (tcid & np.uint64(_STR_LEN_MASK))).max()) > tcid_size:
+        raise ValueError("a row segment's tool_call_id runs past its bytes")
+    for name, wanting in (("ext_files", rows["ext"] == _EXT_SPARSE),
+                          ("odd_ids", rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, 0] == 0)):
+        if not set(seqs[wanting].tolist()) <= {pair[0] for pair in cols[name]}:
+            raise ValueError(f"a row segment's row has no entry in its {name}")
 
 
 def rows_from_columns(cols: dict[str, Any]) -> list[list[Any]]:

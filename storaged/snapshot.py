@@ -375,12 +375,12 @@ class _RowSegment:
             else:
                 head = unpacker.unpack()
                 at = unpacker.tell()
-                columns = dict(head)
+                # self's at once, so that close releases whatever views of the mapping were made
+                self.columns = dict(head)
                 for name in _COLUMN_SECTIONS:
                     n = head[f"{name}_bytes"]
-                    columns[name] = self._file.view(at, n)
+                    self.columns[name] = self._file.view(at, n)
                     at += n
-                self.columns = columns
                 unpacker = self._file.unpacker(at)
             self.tail: dict[str, Any] = unpacker.unpack()
             if not isinstance(self.tail.get("rows"), int) or not isinstance(self.tail.get("dead"), list):
@@ -409,7 +409,11 @@ class _RowSegment:
         return self.tail["seqs"]
 
     def close(self) -> None:
-        self.columns = None
+        # the column views share the mapping's export: released first, or closing the mapping fails
+        columns, self.columns = self.columns, None
+        for value in (columns or {}).values():
+            if isinstance(value, memoryview):
+                value.release()
         self._file.close()
 
 
@@ -448,7 +452,7 @@ class _Framed:
 
     def view(self, at: int, n: int) -> memoryview:
         """``n`` bytes of the body from ``at``, in place (released with the file)."""
-        if at + n > len(self._body):
+        if at < 0 or n < 0 or at + n > len(self._body):
             raise SnapshotInvalid("a row segment's section runs past its body")
         return self._body[at:at + n]
 

@@ -604,7 +604,7 @@ class Store:
         by numpy copies (MessageTable.load_segments), the sessions built from it at once; only the
         rarer fields (relations, touched files) take a Python step each."""
         table = self.table
-        table.load_segments(reader.column_segments(), self.log_text)
+        table.load_segments(reader.column_segments(), self.log_text, self.last_seq)
         self.sessions = sessions_from_table(table)
         for sid in self.sessions:
             self.session_keys[session_digest(sid)] = sid
