@@ -413,7 +413,10 @@ class _RowSegment:
         columns, self.columns = self.columns, None
         for value in (columns or {}).values():
             if isinstance(value, memoryview):
-                value.release()
+                try:
+                    value.release()
+                except BufferError:  # an array made of it still lives: it goes with that array
+                    pass
         self._file.close()
 
 
