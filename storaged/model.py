@@ -1,8 +1,9 @@
-"""The in-memory message: one slotted object per message, no per-message dicts, no text.
+"""A message as the code works with it: one slotted object, no per-message dict, no text.
 
-A message is stored as flat fields (tuples for lists); its text stays in the log and ``content``
-reads it back by offset (``storaged/text.py``), so a million messages cost their metadata, not
-their text. ``to_dict`` builds the contract's Message object only when a reply needs it;
+The store does not keep these: it keeps every live message's fields as a packed row of its message
+table (``storaged/columns.py``, ~140 bytes a message), which builds a ``Message`` for whatever asks
+(a view, a mutation, the index). Its text stays in the log and ``content`` reads it back by offset
+(``storaged/text.py``), so a million messages cost their metadata, not their text. ``to_dict`` builds the contract's Message object only when a reply needs it;
 ``fields`` / ``from_fields`` are its record form (``RECORD_FIELDS`` values), what a log record
 holds; ``row`` / ``from_row`` its snapshot form, the same fields with the text's location in
 place of the text.
