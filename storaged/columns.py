@@ -698,21 +698,33 @@ class ById(Mapping):
         return (message_id(int(seq)) for seq in self._t.live_seqs())
 
 
+# the row's fields from tcid on, as a record of their own (_check_codes)
+_TAIL_AT = ROW_DTYPE.fields["tcid"][1]
+_TAIL_DTYPE = np.dtype({"names": ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):],
+                        "formats": [ROW_DTYPE.fields[n][0] for n in ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]],
+                        "offsets": [ROW_DTYPE.fields[n][1] - _TAIL_AT
+                                    for n in ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]],
+                        "itemsize": _ROW_SIZE - _TAIL_AT})
+
+
 def _check_codes(rows: np.ndarray, etype: np.ndarray, tcid_size: int, seqs: np.ndarray, cols: dict[str, Any]) -> None:
     """A row segment's codes are ones ``get`` can read: an event type, role, tier and kind it knows, no
     source generation (a process's own), tool_call_ids inside the segment's bytes, and a sparse entry
     for each row that says it has one (an ext with files, an id that is not a canonical ULID)."""
     if not len(rows):
         return
-    codes = rows["codes"]
+    # the row's last fields (tcid, tags, tool, ext, codes) are adjacent: copied out in one pass over the
+    # rows, then checked as plain arrays (each field read from the 110-byte rows is a pass of its own)
+    tail = np.ascontiguousarray(rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, _TAIL_AT:]).view(_TAIL_DTYPE).ravel()
+    codes = tail["codes"].copy()
     if (int(etype.max()) >= len(_ETYPES) or int((codes & 0xFF).max()) >= len(_ROLES)
             or int((codes >> 8 & 0xFF).max()) >= len(_TIERS) or int((codes >> 16 & 0xFF).max()) >= len(_KINDS)
             or int((codes >> 24).max()) != 0):
         raise ValueError("a row segment's row has a code beyond its table")
-    tcid = rows["tcid"][rows["tcid"] != np.uint64(_NO_STR)]
+    tcid = tail["tcid"][tail["tcid"] != np.uint64(_NO_STR)]
     if len(tcid) and int(((tcid >> np.uint64(_STR_LEN_BITS)) + (tcid & np.uint64(_STR_LEN_MASK))).max()) > tcid_size:
         raise ValueError("a row segment's tool_call_id runs past its bytes")
-    for name, wanting in (("ext_files", rows["ext"] == _EXT_SPARSE),
+    for name, wanting in (("ext_files", tail["ext"] == _EXT_SPARSE),
                           ("odd_ids", rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, 0] == 0)):
         if not set(seqs[wanting].tolist()) <= {pair[0] for pair in cols[name]}:
             raise ValueError(f"a row segment's row has no entry in its {name}")
