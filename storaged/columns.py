@@ -1,19 +1,20 @@
-"""The live messages' metadata as columns indexed by seq; a ``Message`` is built only when asked for.
+"""The live messages' metadata as packed rows indexed by seq; a ``Message`` is built only when asked for.
 
 A slotted ``Message`` per live message cost ~600 bytes of heap (the object, its id string, its big
-ints, two dict entries): 3 GB at five million events. Here each seq is one row of fixed-width
-arrays (111 bytes: the id's 26 ASCII bytes, times, the text's location, small codes for the
-enum-like fields and for shared tag sets, tools and exts), the rarer fields are kept in dicts by
-seq, and ``tool_call_id`` (half of an agent's events carry one) is a slice of one growing byte
-string. ``get`` builds the ``Message`` a view or a mutation works with; nothing holds it after.
+ints, two dict entries): 3 GB at five million events. Here each seq is one fixed-width row of one
+bytearray (110 bytes: the id's 26 ASCII characters, times, the text's location, small codes for
+the enum-like fields and for shared tag sets, tools and exts) and one event-type byte, the rarer
+fields are kept in dicts by seq, and ``tool_call_id`` (half of an agent's events carry one) is a
+slice of one growing byte string. ``get`` builds the ``Message`` a view or a mutation works with;
+nothing holds it after.
 
-The id → seq map is a sorted numpy array of 60-bit keys (the last 12 characters of the ULID, its
-random part) beside the seqs, plus a dict of the ids put since it was last merged; a key's hit is
-confirmed against the id column, so colliding keys and dead seqs are never answered. Ids that are
-not canonical ULIDs (a hand-made log) live in dicts of their own.
+The id → seq map is a sorted numpy array of 60-bit keys (``id_key``) beside the seqs, plus a dict
+of the ids put since it was last merged; a key's hit is confirmed against the row's id and
+liveness, so colliding keys and dead seqs are never answered. Ids that are not canonical ULIDs (a
+hand-made log) live in dicts of their own.
 
-Rows are by seq, so iterating is in creation order, as the rebuild and the snapshot need; a seq
-with no live message has session number 0 and is skipped.
+Rows are by seq, so iterating is in creation order, as the rebuild and the snapshot need. The
+event-type byte is the one live flag: 0 at a seq with no live message (whatever its row holds).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import numpy as np
 from protocol import limits as L
 from protocol.history import EVENT_TYPES
 
-from .model import Message, shared_ext_from, shared_tags
+from .model import Message, ext_key, shared_ext_from, shared_tags
 from .text import TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, location_from_parts, location_parts
 
 # codes of the enum-like fields; 0 is "none" (an etype code of 0 is a dead seq: Store.etype_filter)
@@ -109,12 +110,16 @@ class _Interned:
         return n
 
 
-_ROW = struct.Struct("<26sIqqqqQQQQIIII")
-_ROW_SIZE = _ROW.size
-# the same row as numpy sees it, for what is asked of many rows at once
+# The row (docs/format.md §4.1), as numpy sees it for what is asked of many rows at once, and as
+# ``struct`` packs and unpacks one row (the same layout: derived from this, never written twice)
 ROW_DTYPE = np.dtype([("id", "S26"), ("session", "<u4"), ("ts", "<i8"), ("upd", "<i8"), ("rev", "<i8"),
                       ("importance", "<i8"), ("rec_pos", "<u8"), ("text_low", "<u8"), ("rec_size", "<u8"),
                       ("tcid", "<u8"), ("tags", "<u4"), ("tool", "<u4"), ("ext", "<u4"), ("codes", "<u4")])
+_STRUCT_CODE = {"S": "s", "u4": "I", "i8": "q", "u8": "Q"}
+_ROW = struct.Struct("<" + "".join(
+    f"{t.itemsize}s" if t.kind == "S" else _STRUCT_CODE[f"{t.kind}{t.itemsize}"]
+    for t in (ROW_DTYPE.fields[name][0] for name in ROW_DTYPE.names)))
+_ROW_SIZE = _ROW.size
 assert ROW_DTYPE.itemsize == _ROW_SIZE
 # rows gathered and scattered as opaque records: ~15x faster in numpy than through the structured dtype
 _RECORD = np.dtype((np.void, _ROW_SIZE))
@@ -127,7 +132,7 @@ class MessageTable:
     """Every live message's fields, by seq. ``put`` stores a message (a new one, or a new revision
     at its seq), ``drop`` forgets one, ``get`` builds it back.
 
-    The fixed-width fields of a seq are one packed row of ``ROW`` in ``rows``: one ``unpack_from``
+    The fixed-width fields of a seq are one packed row (``_ROW``) in ``rows``: one ``unpack_from``
     reads them all (a field-per-array layout cost fifteen lookups a message), and ``ROW_DTYPE``
     views the same bytes as numpy columns for whatever is asked of every row at once."""
 
@@ -135,15 +140,14 @@ class MessageTable:
                  "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
                  "keys", "key_seqs", "_keys_view", "_seqs_view", "recent", "by_seq", "by_id")
 
-    # id (26 ASCII bytes; zeros for an odd id), session number + 1 (0: no live message), timestamp,
+    # id (26 ASCII bytes; zeros for an odd id), session number (from 1), timestamp,
     # updated_at, revision, importance, the text's record position and its offset | length (text.locate),
     # the record's size, tool_call_id (start << 24 | length in tcid_bytes, or _NO_STR), the numbers of
     # the tag set, tool and ext (_Interned), and role | tier << 8 | kind << 16 | source generation << 24
-    ROW = _ROW
-    ROW_BYTES = ROW.size + 1           # and the etype byte
+    ROW_BYTES = _ROW_SIZE + 1          # and the etype byte
 
     def __init__(self) -> None:
-        self.rows = bytearray()           # ROW.size bytes a seq
+        self.rows = bytearray()           # _ROW_SIZE bytes a seq
         self.etype = bytearray()          # ETYPE_CODE (0: no live message), read in bulk by etype_filter
         self.tcid_bytes = bytearray()
         self.summary: dict[int, str] = {}
@@ -197,8 +201,8 @@ class MessageTable:
         return self.sources[self.row(seq)[13] >> 24]
 
     def row(self, seq: int) -> tuple:
-        """The packed row of ``seq`` as a tuple (ROW's fields)."""
-        return self.ROW.unpack_from(self.rows, seq * self.ROW.size)
+        """The packed row of ``seq`` as a tuple (ROW_DTYPE's fields, in order)."""
+        return _ROW.unpack_from(self.rows, seq * _ROW_SIZE)
 
     def put(self, msg: Message, src: LogText | None = None) -> None:
         """Store ``msg`` at its seq (a new revision replaces the row). Its text must be stored: its
@@ -225,13 +229,13 @@ class MessageTable:
         elif ext[3]:
             ext_no = _EXT_SPARSE
         else:
-            ext_no = self.exts.code(ext, (type(ext[0]), type(ext[1]), ext))
+            ext_no = self.exts.code(ext, ext_key(ext))
         if src is not self.sources.get(self.generation):
             self.set_source(src)
         # packed before anything changes: a value the row cannot hold (a hand-made log's timestamp
         # of 2^63) leaves the table as it was
         try:
-            packed = self.ROW.pack(raw, self._sid_number(sid), ts, upd, rev, importance, loc >> _SHIFT,
+            packed = _ROW.pack(raw, self._sid_number(sid), ts, upd, rev, importance, loc >> _SHIFT,
                                    loc & _LOW, rec_size, tcid_at, self.tagsets.code(tags) if tags else 0,
                                    self.tools.code(tool) if tool is not None else 0, ext_no,
                                    _ROLE_CODE[role] | _TIER_CODE[tier] << 8 | _KIND_CODE[kind] << 16
@@ -293,8 +297,6 @@ class MessageTable:
         if not self.alive(seq):
             raise KeyError(seq)
         self._forget(seq)
-        off = seq * self.ROW.size + ID_BYTES
-        self.rows[off:off + 4] = bytes(4)  # session number 0
         self.etype[seq] = 0
         self.count -= 1
 
@@ -305,11 +307,11 @@ class MessageTable:
         fields = list(self.row(seq))
         fields[6], fields[7], fields[8] = loc >> _SHIFT, loc & _LOW, rec_size
         fields[13] = (fields[13] & 0xFFFFFF) | self.generation << 24
-        self.ROW.pack_into(self.rows, seq * self.ROW.size, *fields)
+        _ROW.pack_into(self.rows, seq * _ROW_SIZE, *fields)
 
     # ------------------------------------------------------------------ fields without a Message
     def message_id(self, seq: int) -> str:
-        off = seq * self.ROW.size
+        off = seq * _ROW_SIZE
         raw = self.rows[off:off + ID_BYTES]
         return raw.decode("ascii") if raw[0] else self.odd_id[seq]
 
@@ -325,10 +327,6 @@ class MessageTable:
 
     def rec_size(self, seq: int) -> int:
         return self.row(seq)[8]
-
-    def location(self, seq: int) -> int:
-        row = self.row(seq)
-        return row[6] << _SHIFT | row[7]
 
     def get(self, seq: int) -> Message | None:
         """The message at ``seq``, built from its row (None if there is none)."""
@@ -369,7 +367,7 @@ class MessageTable:
         if i == n or keys[i] != key:
             return None
         raw = mid.encode("ascii")
-        rows, etype, size = self.rows, self.etype, self.ROW.size
+        rows, etype, size = self.rows, self.etype, _ROW_SIZE
         while i < n and keys[i] == key:
             seq = self._seqs_view[i]
             if etype[seq] and rows[seq * size:seq * size + ID_BYTES] == raw:
@@ -388,7 +386,7 @@ class MessageTable:
         seqs = np.fromiter(self.recent.values(), np.int64, len(self.recent))
         self.recent.clear()
         new_keys = _keys(self._id_rows(seqs))
-        order = np.argsort(new_keys, kind="stable")
+        order = np.argsort(new_keys)  # equal keys need no order: a lookup tries each
         new_keys, seqs = new_keys[order], seqs[order]
         keys, key_seqs = self.keys, self.key_seqs
         if len(keys):
@@ -553,7 +551,6 @@ class MessageTable:
                 if dead:
                     dead_seqs = np.asarray(dead, np.int64)
                     alive[dead_seqs] = 0
-                    view["session"][dead_seqs] = 0
                     owner[dead_seqs] = -1
             self.count = int(np.count_nonzero(alive))
         finally:
@@ -614,7 +611,7 @@ class MessageTable:
         if raw is None:
             return 0
         ext = shared_ext_from([raw[0], raw[1], raw[2], []])
-        return self.exts.code(ext, (type(ext[0]), type(ext[1]), ext))
+        return self.exts.code(ext, ext_key(ext))
 
     def column(self, name: str, seqs: np.ndarray) -> np.ndarray:
         """One field (a ROW_DTYPE name) of ``seqs``' rows, as a new array."""

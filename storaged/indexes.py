@@ -240,7 +240,7 @@ def sessions_from_table(table) -> dict[str, Session]:
     kinds = len(L.MEMORY_KINDS)
     kind_counts = np.bincount(group * kinds + ((codes >> 16) & 0xFF), minlength=len(starts) * kinds)
     kind_counts = kind_counts.reshape(-1, kinds).tolist()
-    etype = np.frombuffer(bytes(table.etype), np.uint8)[seqs]
+    etype = np.frombuffer(table.etype, np.uint8)[seqs]   # a copy; the view goes with this line
     calls = etype == ETYPE_CODE[TOOL_CALL]
     tool_calls = np.bincount(group, weights=calls, minlength=len(starts)).astype(np.int64).tolist()
     web_numbers = [n for t, n in table.tools.number.items() if t in WEB_SEARCH_TOOLS]

@@ -3,7 +3,8 @@
 The store does not keep these: it keeps every live message's fields as a packed row of its message
 table (``storaged/columns.py``, ~140 bytes a message), which builds a ``Message`` for whatever asks
 (a view, a mutation, the index). Its text stays in the log and ``content`` reads it back by offset
-(``storaged/text.py``), so a million messages cost their metadata, not their text. ``to_dict`` builds the contract's Message object only when a reply needs it;
+(``storaged/text.py``), so a million messages cost their metadata, not their text. ``to_dict``
+builds the contract's Message object only when a reply needs it;
 ``fields`` / ``from_fields`` are its record form (``RECORD_FIELDS`` values), what a log record
 holds; ``row`` / ``from_row`` its snapshot form, the same fields with the text's location in
 place of the text.
@@ -270,6 +271,12 @@ _EXTS: dict[tuple, tuple] = {}
 _EXTS_MAX = 4096
 
 
+def ext_key(ext: tuple) -> tuple:
+    """What tells a shared ext from another: its values and the types of the flag and exit code
+    (False == 0 and 1 == True: never shared across types)."""
+    return type(ext[0]), type(ext[1]), ext
+
+
 def _shared_ext(is_error: bool | None, exit_code: int | None, model: str | None, files: tuple) -> tuple:
     """The ext tuple, shared between the messages that have the same one: most tool results of a
     transcript have the same error flag, exit code and model and no files (72 bytes each otherwise)."""
@@ -277,7 +284,7 @@ def _shared_ext(is_error: bool | None, exit_code: int | None, model: str | None,
     ext = (is_error, exit_code, model, files)
     if files:
         return ext
-    key = (type(is_error), type(exit_code), ext)  # False == 0 and 1 == True: never share across types
+    key = ext_key(ext)
     shared = _EXTS.get(key)
     if shared is None and len(_EXTS) < _EXTS_MAX:
         shared = _EXTS[key] = ext

@@ -50,7 +50,8 @@ ROWS_MAGIC = b"CVMEMROW"
 # Both are read; 2 is written. A snapshot with a version 1 segment is loaded row by row, and the next
 # snapshot writes a version 2 base (Store.rows_legacy).
 ROWS_VERSION = 2
-ROWS_VERSIONS = (1, 2)
+ROWS_VERSION_1 = 1
+ROWS_VERSIONS = (ROWS_VERSION_1, ROWS_VERSION)
 # raw bytes after the head, in this order
 _COLUMN_SECTIONS = ("seqs", "rows", "etype", "tcid", "keys", "key_seqs")
 OUTDATED_VERSIONS = (2, 3)
@@ -108,7 +109,9 @@ def rows_name() -> str:
 
 def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[int], base: bool,
                session_meta: Iterable[list[Any]] = (), checkpoints: Iterable[list[Any]] = ()) -> int:
-    """Write and fsync a row segment at ``path`` (a new name; the directory's fsync is the caller's):
+    """Write and fsync a version 1 row segment at ``path`` (a new name; the directory's fsync is the
+    caller's) — what the release before wrote; the store writes version 2 (``write_row_columns``), and
+    this stays so that the tests can make the older form a start must still read:
     ``rows`` in seq order, then ``dead``, the seqs deleted since the segment before it. A delta
     (not ``base``) also lists its rows' seqs, so that a reader knows which rows of older segments it
     replaces before decoding any. Streamed: a base at 5M rows is never in memory at once. Returns
@@ -137,7 +140,7 @@ def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[
         yield packer.pack({"rows": count, "dead": list(dead), "seqs": None if base else seqs,
                            "session_meta": list(session_meta), "checkpoints": list(checkpoints)})
 
-    _write_framed(io, path, ROWS_MAGIC, 1, parts())
+    _write_framed(io, path, ROWS_MAGIC, ROWS_VERSION_1, parts())
     return count
 
 

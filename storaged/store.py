@@ -92,8 +92,6 @@ class _Relocation:
         self.old_fd = old_fd  # the old log open for writing: to free its blocks a cut at a time
 
 
-
-
 def check_revision(msg: Message, expected: int | None) -> None:
     """The CONFLICT rule of update_message and of the content view: an ``expected_revision``, when
     given, must be the message's current revision."""
@@ -549,7 +547,6 @@ class Store:
             session = self.sessions[msg.session_id] = Session(msg.session_id)
             self.session_keys[session_digest(msg.session_id)] = session.sid
             self.session_order.invalidate()
-        msg.session_id = session.sid
         span = (session.min_ts, session.max_ts, len(session.seqs))
         session.add(msg)
         if span[2] == 0 or span[:2] != (session.min_ts, session.max_ts):
