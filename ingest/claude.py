@@ -216,7 +216,7 @@ def _tool_result(block: dict[str, Any], info: SessionInfo, tool_use_result: Any)
     code = _exit_code(tool_use_result)
     if code is None:
         code = exit_code_in(text)
-    return Event("", 0, H.TOOL_RESPONSE, text, tool_name=info.calls.get(call_id) if call_id else None,
+    return Event("", 0, H.TOOL_RESPONSE, text, tool_name=info.calls.pop(call_id, None) if call_id else None,
                  call_id=call_id, is_error=block.get("is_error") is True, exit_code=code)
 
 

@@ -194,7 +194,7 @@ def _call_output(p: dict[str, Any], info: SessionInfo) -> list[Event]:
     call_id = p.get("call_id") if _text(p.get("call_id")) else None
     text, code, success = _output(p.get("output"))
     is_error = (code != 0) if code is not None else (not success if success is not None else None)
-    return [_event(H.TOOL_RESPONSE, text, tool_name=info.calls.get(call_id) if call_id else None,
+    return [_event(H.TOOL_RESPONSE, text, tool_name=info.calls.pop(call_id, None) if call_id else None,
                    call_id=call_id, is_error=is_error, exit_code=code)]
 
 

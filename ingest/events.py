@@ -54,7 +54,10 @@ class SessionInfo:
     parent_session_id: str | None = None   # the harness's id of the parent session (subagents)
     model: str | None = None
     # parser state carried across records of one file (not sent to the daemon)
-    calls: dict[str, str] = field(default_factory=dict)   # call id -> tool name, to name tool results
+    # call id -> tool name of the calls whose result has not come yet (a result takes its call's entry
+    # out): what names a result that comes later, and all a checkpoint carries of the calls, so a
+    # checkpoint stays a few hundred bytes however long the session (the daemon keeps one a file)
+    calls: dict[str, str] = field(default_factory=dict)
 
 
 EVENT_TYPES = H.EVENT_TYPES

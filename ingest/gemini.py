@@ -139,9 +139,8 @@ def _tool(call: dict[str, Any], call_key: str, result_key: str, ts: int, info: S
     name = call["name"]
     own = time_ms(call.get("timestamp"))
     ts = ts if own is None else own
+    # the call's result is in the same record: nothing waits in info.calls for a later one
     call_id = call["id"] if _text(call.get("id")) else None
-    if call_id:
-        info.calls[call_id] = name
     args = decode_args(call.get("args", {}))
     text = _result_text(call)
     return [Event(call_key, ts, H.TOOL_CALL, args_text(args), tool_name=name, call_id=call_id, model=model,

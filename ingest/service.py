@@ -55,7 +55,7 @@ HEARTBEAT_INTERVAL_S = 10.0
 HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX = 100, 3_600_000   # the interval a heartbeat may state (any --interval works)
 QUIET_TAIL_S = 60.0           # an unfinished last line untouched this long no longer counts as backlog
 FUTURE_SLACK_MS = 7 * 24 * 3600 * 1000
-CALLS_KEPT = 64               # call id -> tool name pairs carried in a checkpoint (pending tool results)
+CALLS_KEPT = 64               # at most this many pending calls (no result yet) carried in a checkpoint
 EMPTY_OUTPUT = "(no output)"
 CUT_MARK = "\n[... cut by convmem import: the original was longer than 1 MiB]"
 

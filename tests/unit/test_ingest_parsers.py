@@ -145,7 +145,7 @@ def test_claude_session_info():
     assert info.first_prompt.startswith("The cart total ignores discounts")   # not the /model command
     assert info.model == "claude-sonnet-4-5-20250929"                          # not <synthetic>
     assert info.parent_session_id is None and info.mode is None
-    assert info.calls["toolu_05Task"] == "Task"
+    assert info.calls == {}   # every call of the file has its result there: none is still waiting
 
 
 def test_claude_files_from_tool_calls():
@@ -445,9 +445,8 @@ def test_codex_session_meta_adopted_when_file_name_has_no_uuid():
 
 def test_codex_output_shapes():
     info = codex.new_info(f"/x/rollout-2025-10-14T11-00-00-{S3}.jsonl")
-    info.calls["c1"] = "shell"
-
     def out(output):
+        info.calls["c1"] = "shell"   # each output answers the call (and takes it out of info.calls)
         line = {"timestamp": 1760439605001, "type": "response_item",
                 "payload": {"type": "function_call_output", "call_id": "c1", "output": output}}
         [e] = codex.parse_line(line, info, 77)
@@ -455,6 +454,7 @@ def test_codex_output_shapes():
 
     exec_output = "Process exited with code 1\nOutput:\nExit code: 0\n"   # the header counts, not the output
     assert out(exec_output) == ("77", 1760439605001, exec_output, True, 1, "shell")
+    assert info.calls == {}
     assert out('{"ok":true}')[2:5] == ('{"ok":true}', None, None)
     assert out({"content": "denied", "success": False})[2:5] == ("denied", True, None)
     assert out([{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "data:"}])[2] == "a\n[image]"
@@ -541,7 +541,7 @@ def test_gemini_session_sequence():
         ("3f2a9c1e-7b6d-4e5f-8a9b-0c1d2e3f4a5b", "gemini-cli", "gemini", None)
     assert info.first_prompt == "Why does `npm test` fail on the date formatter?"
     assert info.model == "gemini-2.5-flash"
-    assert info.calls["replace-1760623560102-1a2b3c4d5e6f7"] == "replace"
+    assert info.calls == {}   # each call's result is in its own record: nothing waits for a later one
 
 
 def test_gemini_keys_unique_stable_and_growing_document():
