@@ -67,7 +67,7 @@ from collections import Counter
 from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress, repeat
 from operator import and_, itemgetter
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -963,6 +963,19 @@ def _merged_vocabulary(lists: list[list]) -> tuple[list[str], list[np.ndarray]]:
     return ranked[first].tolist(), maps
 
 
+def _range_index(lo: int, items: Iterable[tuple[int, str, str | None, Sequence[str]]]) -> "SearchIndex":
+    """A scratch index whose live lists hold ``items`` in slots from ``lo`` on (the slots below are
+    dead padding: the segment made of it covers [lo, end) only)."""
+    ix = SearchIndex()
+    ix._slot_doc = array("Q", bytes(8 * lo))
+    ix._alive = bytearray(lo)
+    ix._lens = [array("I", bytes(4 * lo)) for _ in FIELDS]
+    ix._mem_lo = lo
+    for doc, content, summary, tags in items:
+        ix.add(doc, content, summary, tags)
+    return ix
+
+
 class SegmentPlan(NamedTuple):
     """What the next segment holds (SearchIndex.plan): a run of the index's immutable parts, in
     slot order, and the file name to write it under."""
@@ -996,6 +1009,7 @@ class SearchIndex:
         self._parts: list = []
         self._mem_lo = 0
         self._retired: list[_MemPart] = []  # frozen lists a segment replaced, freed by idle_step()
+        self._hole: _MemPart | None = None  # the empty part of a reserved range (reserve())
 
     def _new_lists(self) -> None:
         """Empty live lists, and what serves and accounts for them (at creation; after a freeze)."""
@@ -1323,6 +1337,8 @@ class SearchIndex:
         Why freeze: the snapshot that names the segment is written by a forked child (or inline at
         a stop); the frozen lists are what it writes, and until adopt() swaps the file in, queries
         read the frozen lists, so there is no moment when a posting is in two parts or none."""
+        if self._hole is not None:
+            raise ValueError("the index has a reserved range not filled yet")
         n = len(self._slot_doc)
         if n > self._mem_lo:
             self._freeze(n)
@@ -1450,6 +1466,108 @@ class SearchIndex:
                 self._retired.extend(p for p in run if isinstance(p, _MemPart))
                 return True
         return False
+
+    # --- a range indexed by another process ---------------------------------------------------
+    # A start after a crash replays the log past the snapshot and must index it before it answers a
+    # search (~230 us a message: 20k messages are ~4.6 s of one core). The daemon hands the first part
+    # of that queue to a forked child (its own core) and indexes the rest itself: ``reserve`` gives the
+    # child's docs their slots now, in order, with an empty part in their place (the hole), so the
+    # daemon's own lists go on above it; ``fill`` puts the segment the child wrote there (``abandon``
+    # gives the range up if none comes). While a hole is open the index is not whole: the store answers
+    # searches BUSY and takes no snapshot.
+
+    def reserve(self, docs: Sequence[int]) -> tuple[int, int]:
+        """Give ``docs`` (not yet in the index) the next slots, alive, with no postings and no lengths
+        yet, behind an empty part; the daemon's live lists go on above them. Returns the slot range,
+        which ``fill`` completes (or ``abandon`` gives up). One hole at a time."""
+        n = len(self._slot_doc)
+        if not self.reservable():
+            raise ValueError("a range is reserved only behind written parts and empty live lists")
+        lo, hi = n, n + len(docs)
+        for slot, doc in enumerate(docs, lo):
+            if doc < 0 or self._docmap.get(doc) >= 0:
+                raise ValueError(f"doc {doc} is already indexed")
+            self._docmap.set(doc, slot)
+        self._slot_doc.extend(docs)
+        self._alive.extend(b"\x01" * len(docs))
+        for lens in self._lens:
+            lens.extend(array("I", bytes(4 * len(docs))))
+        self._live += len(docs)
+        hole = _MemPart({}, [], [[] for _ in FIELDS], [[] for _ in FIELDS], [bytearray() for _ in FIELDS],
+                        None, dict, lo, hi)
+        self._parts.append(hole)
+        self._mem_lo = hi
+        self._hole = hole
+        return lo, hi
+
+    def reservable(self) -> bool:
+        """Whether ``reserve`` may open a hole now: none is open, the live lists are empty and every
+        part is a segment (a frozen part before the hole would never be planned: plan() writes the
+        frozen parts at the end)."""
+        return (self._hole is None and len(self._slot_doc) == self._mem_lo
+                and all(isinstance(p, Segment) for p in self._parts))
+
+    @property
+    def hole(self) -> tuple[int, int] | None:
+        """The reserved slot range not filled yet (see ``reserve``), or None."""
+        return None if self._hole is None else (self._hole.slot_lo, self._hole.slot_hi)
+
+    def range_docs(self, lo: int, hi: int) -> list[int]:
+        return self._slot_doc[lo:hi].tolist()
+
+    def fill(self, segment: Segment) -> None:
+        """Put ``segment`` (written by ``write_range`` for the hole) in the hole's place: its postings,
+        and its lengths for the slots still alive (a doc removed meanwhile counted none). Raises
+        SegmentInvalid, changing nothing, if it is not the hole's (other slots, other docs)."""
+        hole = self._hole
+        lo, hi = (hole.slot_lo, hole.slot_hi) if hole is not None else (-1, -1)
+        per_slot = segment.per_slot()
+        if (segment.slot_lo, segment.slot_hi) != (lo, hi) or per_slot is None or \
+                per_slot[0].tolist() != self._slot_doc[lo:hi].tolist():
+            raise SegmentInvalid(f"segment {segment.name} is not the reserved range's")
+        self._set_lengths(lo, hi, [lens.tolist() for lens in per_slot[1]])
+        self._parts[self._parts.index(hole)] = segment
+        self._maxtf_all = [max(a, b) for a, b in zip(self._maxtf_all, segment.maxtf_all)]
+        self._hole = None
+
+    def abandon(self) -> list[int]:
+        """Give the hole up (its segment will not come: the child failed, or a stop could not wait):
+        its docs leave the index — their slots stay, dead, behind an empty part — and are returned, in
+        slot order, for the caller to index again (those removed meanwhile are not)."""
+        hole = self._hole
+        lo, hi = hole.slot_lo, hole.slot_hi
+        docs = []
+        for slot in range(lo, hi):
+            if self._alive[slot]:
+                doc = self._slot_doc[slot]
+                self._docmap.set(doc, -1)
+                self._alive[slot] = 0
+                self._live -= 1
+                self._dead += 1
+                docs.append(doc)
+        self._hole = None
+        return docs
+
+    def _set_lengths(self, lo: int, hi: int, lens: list[list[int]]) -> None:
+        alive = self._alive
+        for f, (mine, theirs) in enumerate(zip(self._lens, lens)):
+            mine[lo:hi] = array("I", theirs)
+            counted = [n for slot, n in enumerate(theirs, lo) if n and alive[slot]]
+            self._total_len[f] += sum(counted)
+            self._nonempty[f] += len(counted)
+
+    @staticmethod
+    def write_range(lo: int, items: Iterable[tuple[int, str, str | None, Sequence[str]]], io, directory: str,
+                    name: str) -> str:
+        """Index ``items`` (doc, content, summary, tags) into slots from ``lo`` on and write them as the
+        segment ``name`` (fsynced, its name too): what a child does for a reserved range."""
+        ix = _range_index(lo, items)
+        plan = ix.plan_live(name)
+        if plan is None:
+            raise ValueError("a range of no docs")
+        path = ix.write_segment(plan, io, directory)
+        io.sync_dir(directory)
+        return path
 
     def release_step(self, busy: bool = False) -> None:
         """Free one bounded chunk of the frozen lists segments replaced (see idle_step); the daemon

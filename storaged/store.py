@@ -106,6 +106,14 @@ ROW_SEGMENTS_MAX = 8
 ROW_DELTA_MIN = 1024
 
 
+class SplitCatchUp(NamedTuple):
+    """The part of the search index's queue a forked child indexes (Store.split_catch_up): its seqs,
+    in the slots from ``slot_lo`` the index reserved for them, and the segment file it writes."""
+    seqs: list[int]
+    slot_lo: int
+    name: str
+
+
 class SnapshotPlan(NamedTuple):
     """What a snapshot writes (Store.plan_snapshot): the index segment and the index's segment names
     after it, the row segment (None: the rows did not change), whether it is a base (every row) or
@@ -725,9 +733,69 @@ class Store:
                 break
         return bool(queue)
 
+    def split_catch_up(self, share: float) -> SplitCatchUp | None:
+        """Hand the first ``share`` of the messages queued for the search index to a forked child (a
+        start's replayed tail: the child indexes its part on the other core while the loop indexes the
+        rest): their slots are reserved now (SearchIndex.reserve), in queue order, so the loop's own go
+        on above them. None when the index cannot take a hole now (SearchIndex.reservable)."""
+        index, by_seq = self._index, self.by_seq
+        if not index.reservable():
+            return None
+        todo = [seq for seq in dict.fromkeys(self.unindexed) if seq in by_seq and seq not in index]
+        seqs = todo[:int(len(todo) * share)]
+        if not seqs:
+            return None
+        lo, _ = index.reserve(seqs)
+        return SplitCatchUp(seqs, lo, new_segment_name())
+
+    def write_split(self, split: SplitCatchUp) -> None:
+        """In the child: index ``split``'s messages into their reserved slots and write them as its
+        segment (SearchIndex.write_range). A text that cannot be read is indexed without its content
+        (as the loop leaves such a message out), so the slots stay the reserved ones."""
+        by_seq = self.by_seq
+
+        def items():
+            for seq in split.seqs:
+                msg = by_seq[seq]
+                try:
+                    text = msg.content
+                except OSError:
+                    text = ""
+                yield seq, text, msg.summary, msg.tags
+
+        SearchIndex.write_range(split.slot_lo, items(), self.io, self.dir, split.name)
+
+    def finish_split(self, split: SplitCatchUp, written: bool) -> bool:
+        """The child has ended: put its segment in the reserved range (``written``: it exited 0), or,
+        if there is none or it is not the range's, give the range up and queue its messages again
+        (the loop indexes them in its slices). Its file is removed unless the index took it. True if
+        the segment is in."""
+        path = os.path.join(self.dir, split.name)
+        if self._index.hole is None:   # not this index's (a rebuild's replaced it): nothing to fill
+            if self.io.exists(path):
+                _remove_all(self.io, [path])
+            return False
+        if written:
+            try:
+                self._index.fill(Segment(path, self.io, verify=False))
+                return True
+            except (OSError, ValueError) as exc:
+                LOG.warning("the search index's catch-up segment could not be used (%s); indexing its "
+                            "messages here", exc)
+        else:
+            LOG.warning("the search index's catch-up child failed; indexing its messages here")
+        self.unindexed.extendleft(reversed(self._index.abandon()))
+        if self.io.exists(path):
+            _remove_all(self.io, [path])
+        return False
+
     def catch_up(self, budget_s: float) -> None:
         """Before a search through the daemon: index what is queued within ``budget_s``, else refuse
-        BUSY (the index is catching up after a big import or a replay) rather than hold the loop."""
+        BUSY (the index is catching up after a big import or a replay) rather than hold the loop.
+        While a child indexes part of the queue (``split_catch_up``) the index is not whole: BUSY."""
+        if self._index.hole is not None:
+            raise ProtocolError(E.BUSY, "the search index is catching up (a replayed log); retry shortly",
+                                retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         if self.unindexed and self.index_step(time.monotonic() + budget_s):
             raise ProtocolError(E.BUSY, f"the search index is catching up ({len(self.unindexed)} messages to "
                                         f"index); retry shortly", retry_after_ms=L.BUSY_RETRY_AFTER_MS)
