@@ -1343,9 +1343,9 @@ class SearchIndex:
         if n > self._mem_lo:
             self._freeze(n)
         parts = self._parts
-        i = len(parts)
-        while i and isinstance(parts[i - 1], _MemPart):
-            i -= 1
+        # every frozen part not yet written (the last ones, and one a reserved range was put behind,
+        # with the parts after it)
+        i = next((k for k, p in enumerate(parts) if isinstance(p, _MemPart)), len(parts))
         if i == len(parts):
             return None
         size = sum(p.postings_count for p in parts[i:])
@@ -1480,9 +1480,11 @@ class SearchIndex:
         """Give ``docs`` (not yet in the index) the next slots, alive, with no postings and no lengths
         yet, behind an empty part; the daemon's live lists go on above them. Returns the slot range,
         which ``fill`` completes (or ``abandon`` gives up). One hole at a time."""
+        if self._hole is not None:
+            raise ValueError("the index already has a range reserved")
         n = len(self._slot_doc)
-        if not self.reservable():
-            raise ValueError("a range is reserved only behind written parts and empty live lists")
+        if n > self._mem_lo:   # the live lists become a frozen part below the hole (plan() writes it)
+            self._freeze(n)
         lo, hi = n, n + len(docs)
         for slot, doc in enumerate(docs, lo):
             if doc < 0 or self._docmap.get(doc) >= 0:
@@ -1499,13 +1501,6 @@ class SearchIndex:
         self._mem_lo = hi
         self._hole = hole
         return lo, hi
-
-    def reservable(self) -> bool:
-        """Whether ``reserve`` may open a hole now: none is open, the live lists are empty and every
-        part is a segment (a frozen part before the hole would never be planned: plan() writes the
-        frozen parts at the end)."""
-        return (self._hole is None and len(self._slot_doc) == self._mem_lo
-                and all(isinstance(p, Segment) for p in self._parts))
 
     @property
     def hole(self) -> tuple[int, int] | None:

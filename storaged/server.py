@@ -113,11 +113,11 @@ BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch and import slice, s
 # ~1.5 µs each)
 RELOCATE_STEP = 8192
 RELOCATE_STEP_BUSY = 1024
-# A start that replayed at least SPLIT_MIN messages into the search index's queue hands the first
-# SPLIT_SHARE of them to a forked child (Store.split_catch_up), which indexes them on the other core
-# while the loop indexes the rest: the replayed tail is indexed in about half the time, and a start
-# after a crash serves its first search sooner. Below SPLIT_MIN the fork and the child's segment cost
-# more than they save. While the child runs the loop polls every SPLIT_POLL_MS (it notices the end
+# When at least SPLIT_MIN messages are queued for the search index (a start's replayed tail, an import's
+# backlog) the loop hands the first SPLIT_SHARE of them to a forked child (Store.split_catch_up), which
+# indexes them on the other core while the loop indexes the rest and serves requests: a start after a
+# crash serves its first search sooner, and an import is indexed on two cores. Below SPLIT_MIN the fork
+# and the child's segment cost more than they save. While the child runs the loop polls every SPLIT_POLL_MS (it notices the end
 # soon), and a clean stop waits up to SPLIT_STOP_WAIT_S for it before giving its part back to the queue.
 SPLIT_MIN = 4_000
 SPLIT_SHARE = 0.5
@@ -289,7 +289,6 @@ class Server:
             # walks a million messages while a request waits (the Instagram gc.freeze trick)
             gc.freeze()
             self.install_store(value)
-            self._start_split()
         finally:
             gc.enable()
 
@@ -391,6 +390,10 @@ class Server:
                 t0 = time.monotonic()
                 self._background_snapshot()
                 self._note_slow(t0, lambda: "a background snapshot's start or install")
+                if self.split is None and self.snapshot_child is None:
+                    t0 = time.monotonic()
+                    self._start_split()
+                    self._note_slow(t0, lambda: "forking the search index's catch-up child")
             self._freeze_survivors()
         while self.imports:  # a clean stop finishes the imports in progress and answers them
             self._import_slice(None)
@@ -500,10 +503,12 @@ class Server:
 
     # ---------------------------------------------------------------- background snapshots
     def _start_split(self) -> None:
-        """After a start that replayed a long tail: fork the child that indexes the first part of the
-        search index's queue (see SPLIT_MIN)."""
+        """When the search index's queue is long (a start's replayed tail, an import's backlog): fork
+        the child that indexes its first part (see SPLIT_MIN). Never beside a snapshot's child (whose
+        install collects the segment files the index does not name yet) or a rebuild."""
         store = self.store
-        if len(store.unindexed) < SPLIT_MIN:
+        if (len(store.unindexed) < SPLIT_MIN or store.rebuilding or self.rebuild_waiting
+                or self.rebuild_outcome is not None or self.rebuild_reading is not None):
             return
         split = store.split_catch_up(SPLIT_SHARE)
         if split is None:

@@ -735,11 +735,11 @@ class Store:
 
     def split_catch_up(self, share: float) -> SplitCatchUp | None:
         """Hand the first ``share`` of the messages queued for the search index to a forked child (a
-        start's replayed tail: the child indexes its part on the other core while the loop indexes the
-        rest): their slots are reserved now (SearchIndex.reserve), in queue order, so the loop's own go
-        on above them. None when the index cannot take a hole now (SearchIndex.reservable)."""
+        start's replayed tail, an import's backlog: the child indexes its part on the other core while
+        the loop indexes the rest): their slots are reserved now (SearchIndex.reserve), in queue order,
+        so the loop's own go on above them. None when nothing is queued (or a hole is open already)."""
         index, by_seq = self._index, self.by_seq
-        if not index.reservable():
+        if index.hole is not None:
             return None
         todo = [seq for seq in dict.fromkeys(self.unindexed) if seq in by_seq and seq not in index]
         seqs = todo[:int(len(todo) * share)]

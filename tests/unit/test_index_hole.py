@@ -2,7 +2,6 @@
 the index it leaves answers every query as one built in one go — same hits, same scores to the bit —
 whether the range's segment comes from the child or the range is filled in process, with docs removed
 while the range was open, and through a snapshot's segment and dump."""
-import os
 import random
 
 import pytest
@@ -54,9 +53,8 @@ def _opened(io, tmp_path, docs, head: int, upto: int) -> tuple[SearchIndex, int,
     for d in docs[:head]:
         ix.add(*d)
     ix.write_and_adopt(ix.plan(), io, str(tmp_path))
-    assert ix.reservable()
     lo, hi = ix.reserve([d[0] for d in docs[head:upto]])
-    assert (lo, hi) == (head, upto) and ix.hole == (lo, hi) and not ix.reservable()
+    assert (lo, hi) == (head, upto) and ix.hole == (lo, hi)
     for d in docs[upto:]:
         ix.add(*d)
     return ix, lo, hi
@@ -114,18 +112,28 @@ def test_an_abandoned_range_gives_its_live_docs_back_and_is_written_empty(io, tm
     assert _answers(again) == _answers(ix) and again.doc_count() == 199
 
 
-def test_a_range_is_reserved_only_behind_written_parts(io, tmp_path):
+def test_live_lists_are_frozen_below_a_range_and_written_with_it(io, tmp_path):
+    """Reserving while the live lists hold docs freezes them into a part below the hole; once the hole
+    is filled, the next snapshot's plan writes that part too (with the segment after it)."""
+    docs = _docs(150)
     ix = SearchIndex()
-    for d in _docs(10):
+    for d in docs[:40]:
         ix.add(*d)
-    assert not ix.reservable()        # live lists hold docs: the hole would sit behind them
-    with pytest.raises(ValueError):
-        ix.reserve([100])
     ix.write_and_adopt(ix.plan(), io, str(tmp_path))
+    for d in docs[40:70]:
+        ix.add(*d)                    # live lists, not written
     with pytest.raises(ValueError):
         ix.reserve([3])               # already indexed
-    assert ix.hole is None
-    ix.reserve([100, 101])
+    lo, hi = ix.reserve([d[0] for d in docs[70:120]])
+    assert (lo, hi) == (70, 120)
     with pytest.raises(ValueError):
-        ix.reserve([102])             # one at a time
-    assert os.path.isdir(tmp_path)
+        ix.reserve([130])             # one at a time
+    for d in docs[120:]:
+        ix.add(*d)
+    ix.fill(Segment(SearchIndex.write_range(lo, docs[lo:hi], io, str(tmp_path), new_name()), io))
+    assert _answers(ix) == _answers(_reference(docs))
+    plan = ix.plan()
+    assert plan.slot_lo <= 40 and plan.slot_hi == 150   # the frozen part below the range is in the run
+    ix.write_and_adopt(plan, io, str(tmp_path))
+    again = SearchIndex.load(ix.dump(), str(tmp_path), io)
+    assert _answers(again) == _answers(ix)
