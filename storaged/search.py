@@ -1482,13 +1482,16 @@ class SearchIndex:
         which ``fill`` completes (or ``abandon`` gives up). One hole at a time."""
         if self._hole is not None:
             raise ValueError("the index already has a range reserved")
+        for doc in docs:   # all checked before anything changes
+            if doc < 0 or self._docmap.get(doc) >= 0:
+                raise ValueError(f"doc {doc} is already indexed")
+        if len(set(docs)) != len(docs):
+            raise ValueError("a doc is given twice")
         n = len(self._slot_doc)
         if n > self._mem_lo:   # the live lists become a frozen part below the hole (plan() writes it)
             self._freeze(n)
         lo, hi = n, n + len(docs)
         for slot, doc in enumerate(docs, lo):
-            if doc < 0 or self._docmap.get(doc) >= 0:
-                raise ValueError(f"doc {doc} is already indexed")
             self._docmap.set(doc, slot)
         self._slot_doc.extend(docs)
         self._alive.extend(b"\x01" * len(docs))

@@ -783,6 +783,8 @@ class Server:
         store.relocate_step(None)
         if self.snapshot_child is not None:
             self._reap_snapshot_child(block=True, kill=True)  # the rebuild writes a fresh one anyway
+        if self.split is not None:   # (a rebuild asked for while imports ran: it starts once they end)
+            self._reap_split(block=True)   # ended now, its messages queued again: the rebuild indexes them all
         compaction.discard(store)  # an earlier worker's leftovers are never taken for this one's
         store.rebuilding = True
 

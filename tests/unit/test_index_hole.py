@@ -122,8 +122,10 @@ def test_live_lists_are_frozen_below_a_range_and_written_with_it(io, tmp_path):
     ix.write_and_adopt(ix.plan(), io, str(tmp_path))
     for d in docs[40:70]:
         ix.add(*d)                    # live lists, not written
-    with pytest.raises(ValueError):
-        ix.reserve([3])               # already indexed
+    for bad in ([3], [130, 3], [131, 131]):   # already indexed, given twice: refused, nothing changed
+        with pytest.raises(ValueError):
+            ix.reserve(bad)
+        assert ix.hole is None and 130 not in ix and 131 not in ix and ix.doc_count() == 70
     lo, hi = ix.reserve([d[0] for d in docs[70:120]])
     assert (lo, hi) == (70, 120)
     with pytest.raises(ValueError):
