@@ -123,6 +123,9 @@ SPLIT_MIN = 4_000
 SPLIT_SHARE = 0.5
 SPLIT_POLL_MS = 5
 SPLIT_STOP_WAIT_S = 5.0
+# after a child that failed (a full disk, say), the loop indexes alone this long: a child failing again
+# and again would otherwise keep taking the front of the queue back, and searches answered BUSY
+SPLIT_RETRY_S = 60.0
 INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
 # the most a start's replayed tail holds background snapshots back while the loop indexes it
 # (Server._background_snapshot): ~10 s of indexing at 300 us a message for a tail of 30k
@@ -208,7 +211,8 @@ class Server:
         self.rebuild_started = 0.0
         # (pid, log position, started, the segment plan it writes, the segment names it lists)
         self.snapshot_child: tuple | None = None
-        self.split: tuple[int, SplitCatchUp] | None = None  # (pid, what it indexes): a start's catch-up child
+        self.split: tuple[int, SplitCatchUp] | None = None  # (pid, what it indexes): the catch-up child
+        self.split_failed = -SPLIT_RETRY_S  # when the last catch-up child failed (monotonic)
         self.snapshot_every_records = SNAPSHOT_EVERY_RECORDS  # 0 turns background snapshots off
         self.handlers: dict[str, Callable[[Any, str], dict[str, Any]]] = {}  # op -> handler(request, rid)
         # imports in progress, oldest first: (the envelopes of its requesters, its request id, its steps)
@@ -508,7 +512,8 @@ class Server:
         install collects the segment files the index does not name yet) or a rebuild."""
         store = self.store
         if (len(store.unindexed) < SPLIT_MIN or store.rebuilding or self.rebuild_waiting
-                or self.rebuild_outcome is not None or self.rebuild_reading is not None):
+                or self.rebuild_outcome is not None or self.rebuild_reading is not None
+                or time.monotonic() - self.split_failed < SPLIT_RETRY_S):
             return
         split = store.split_catch_up(SPLIT_SHARE)
         if split is None:
@@ -524,6 +529,7 @@ class Server:
         except OSError as exc:
             LOG.warning("could not fork the search index's catch-up child (%s)", exc.strerror)
             store.finish_split(split, written=False)
+            self.split_failed = time.monotonic()
             return
         self.split = (pid, split)
         LOG.info("search index catch-up: %d of %d queued messages indexed by a child (pid %d)",
@@ -546,6 +552,8 @@ class Server:
         self.split = None
         t0 = time.monotonic()
         installed = self.store.finish_split(split, written=code == 0)
+        if not installed:
+            self.split_failed = time.monotonic()
         LOG.info("search index catch-up child ended (%s): %s", _exit_reason(code) if code else "exit code 0",
                  "its segment installed" if installed else "its messages queued again")
         self._note_slow(t0, lambda: "installing the catch-up child's segment")

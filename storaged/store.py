@@ -166,8 +166,8 @@ class Store:
         # indexing. Whoever searches reads ``search``, which first indexes whatever is still queued.
         self._index = SearchIndex()
         self.unindexed: deque[int] = deque()
-        # imports are refused BUSY while the queue is this long (the daemon sets it; None: no limit),
-        # so a bulk import goes at the indexing's pace and the index is never far behind
+        # imports are refused BUSY while this many messages wait for the index (index_backlog; the daemon
+        # sets it; None: no limit), so a bulk import goes at the indexing's pace and the index is never far behind
         self.index_queue_max: int | None = None
         # message text is read back from the log by position; a record found damaged then is damage
         self.log_text = LogText(self.io, on_damage=self._text_damaged)
@@ -733,6 +733,12 @@ class Store:
                 break
         return bool(queue)
 
+    def index_backlog(self) -> int:
+        """Messages not in the search index yet: those queued, and those a catch-up child is indexing
+        (what an import waits on: ``index_queue_max``)."""
+        hole = self._index.hole
+        return len(self.unindexed) + (hole[1] - hole[0] if hole is not None else 0)
+
     def split_catch_up(self, share: float) -> SplitCatchUp | None:
         """Hand the first ``share`` of the messages queued for the search index to a forked child (a
         start's replayed tail, an import's backlog: the child indexes its part on the other core while
@@ -935,8 +941,9 @@ class Store:
         events that did not — as a torn single append always did; the ingester sends the batch again
         and only what is missing is stored."""
         self._check_writable()
-        if self.index_queue_max is not None and len(self.unindexed) >= self.index_queue_max:
-            raise ProtocolError(E.BUSY, f"the search index is {len(self.unindexed)} messages behind; retry the "
+        behind = self.index_backlog()
+        if self.index_queue_max is not None and behind >= self.index_queue_max:
+            raise ProtocolError(E.BUSY, f"the search index is {behind} messages behind; retry the "
                                         f"import shortly", retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         seen: set[str] = set()
         imported = existing = future = 0

@@ -83,7 +83,9 @@ def test_the_replayed_tail_is_indexed_half_by_a_child_and_searches_find_all_of_i
             _check_all_found(c, ids)
             common = [(h["message_id"], h["score"]) for h in _search(c, "deploy build", 20)]
         log = d.stderr()
-        assert re.search(rf"catch-up: {N // 2} of {N} queued messages indexed by a child", log), log[-3000:]
+        # half of what is still queued when the loop forks it (a first search may have indexed a few)
+        m = re.search(r"catch-up: (\d+) of (\d+) queued messages indexed by a child", log)
+        assert m and SPLIT_MIN <= int(m.group(2)) <= N and int(m.group(1)) == int(m.group(2)) // 2, log[-3000:]
         assert "its segment installed" in log
         # the child's segment is the index's: a clean stop's snapshot names it, the next start maps it
         d.terminate(signal.SIGTERM)
@@ -109,4 +111,6 @@ def test_a_child_that_dies_gives_its_half_back_to_the_daemon(tmp_path, monkeypat
             os.kill(child, signal.SIGKILL)
             _check_all_found(c, ids)
         assert not pid_alive(child)
-        assert "its messages queued again" in d.stderr()
+        log = d.stderr()
+        assert "its messages queued again" in log
+        assert log.count("indexed by a child") == 1   # no second child right after a failed one (SPLIT_RETRY_S)

@@ -1071,7 +1071,7 @@ def test_ingester_waits_out_the_import_backpressure(env):
     The ingester alone does not fill the queue (it sends events more slowly than the daemon indexes
     them: no BUSY in 11k events of 1 or 4 KB), and the daemon has no option to lower the limit. So once
     the ingester has stored its first batch, a second importer (another host, as far as the daemon
-    knows) sends batches of 1000 short messages — an import is applied much faster than it is indexed —
+    knows) sends batches of 1000 messages of 300 words — an import is applied much faster than it is indexed —
     retrying each BUSY every few ms, until it has been held back in three separate batches while the
     ingester runs: the queue sits at the limit for those periods with the ingester mid-run, and an
     ingester import that arrives then is answered BUSY. That the queue reached the limit while the
@@ -1085,7 +1085,8 @@ def test_ingester_waits_out_the_import_backpressure(env):
     full_periods_wanted = 3   # each as long as indexing one of the other importer's batches takes
     rng = random.Random(5)
     vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 10))) for _ in range(3000)]
-    texts = [" ".join(rng.choice(vocab) for _ in range(30)) for _ in range(256)]
+    # long enough that indexing them (on two cores: server.SPLIT_MIN) is far slower than storing them
+    texts = [" ".join(rng.choice(vocab) for _ in range(300)) for _ in range(256)]
     # enough batches to fill the queue while the ingester's own (smaller: IMPORT_BATCH_PREFERRED) imports
     # take turns with them; the loop stops at full_periods_wanted or when the ingester is done
     batches, per_batch = 3 * (INDEX_QUEUE_MAX // 1000), 1000
