@@ -61,6 +61,7 @@ import math
 import os
 import re
 import sys
+import time
 from array import array
 from bisect import bisect_left, insort
 from collections import Counter
@@ -166,7 +167,12 @@ _MERGE_MAX_POSTINGS = 32_000_000
 # a supervisor's stop timeout) merges only up to this (~1 s): bigger merges are the snapshot child's
 _INLINE_MERGE_MAX_POSTINGS = 2_000_000
 _RELEASE_STEP = 8192  # objects of replaced frozen lists freed per idle step (~1 ms)
-_RELEASE_STEP_BUSY = 1024  # ... and after each batch of requests, whose clients are waiting (~0.1 ms)
+_RELEASE_STEP_BUSY = 1024  # ... and after each batch of requests, whose clients are waiting (~0.1 ms),
+# chunks of which are freed for up to _RELEASE_BUSY_S then: a sustained import (a backfill: the loop is
+# never idle) retires the lists of a snapshot every few seconds, ~100k objects a second, and one chunk a
+# batch freed a tenth of that — the retired lists piled up at ~2 KB an event (anonymous RSS 0.9 GiB at
+# 500k events of bench.scale's corpus)
+_RELEASE_BUSY_S = 0.002
 # live postings that make a snapshot due by themselves (~40k agent events, ~60 MB of lists): what a
 # burst of writes left in memory is written as a segment by the next background snapshot
 _FLUSH_POSTINGS = 4_000_000
@@ -1569,10 +1575,18 @@ class SearchIndex:
 
     def release_step(self, busy: bool = False) -> None:
         """Free one bounded chunk of the frozen lists segments replaced (see idle_step); the daemon
-        also calls it after each batch of requests (``busy``: a smaller chunk, clients are waiting),
-        so that a loop that is never idle frees them too."""
-        if self._retired and not self._retired[-1].release_step(_RELEASE_STEP_BUSY if busy else _RELEASE_STEP):
-            self._retired.pop()
+        also calls it after each batch of requests (``busy``: small chunks for up to _RELEASE_BUSY_S,
+        clients are waiting), so that a loop that is never idle frees them as fast as they come."""
+        if not busy:
+            if self._retired and not self._retired[-1].release_step(_RELEASE_STEP):
+                self._retired.pop()
+            return
+        deadline = time.monotonic() + _RELEASE_BUSY_S
+        while self._retired:
+            if not self._retired[-1].release_step(_RELEASE_STEP_BUSY):
+                self._retired.pop()
+            if time.monotonic() > deadline:
+                return
 
     def retire(self, old: "SearchIndex") -> None:
         """Free ``old`` (the index this one replaces: a rebuild's install) in steps with the frozen

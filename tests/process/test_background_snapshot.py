@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tests.support.daemon_proc import Daemon
+from tests.support.words import unique_word as _word
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,17 +46,6 @@ def test_crash_after_background_snapshot_replays_only_the_tail(tmp_path):
         # the start used the snapshot: only the records after it were replayed
         replayed = int(d.stderr().split("replayed ")[1].split()[0])
         assert 40 <= replayed < 40 + EVERY
-
-
-def _word(n: int) -> str:
-    """A word of its own for n, which the stemmer leaves alone and no other n stems to (consonants
-    between "q" and "x": "qbx", "qcx" ...; "qby" and "qbi" would both stem to "qbi")."""
-    out = ""
-    while True:
-        out = "bcdfghjklmnprtvw"[n % 16] + out
-        n //= 16
-        if not n:
-            return "q" + out + "x"
 
 
 def _named_segments(data) -> list[str]:

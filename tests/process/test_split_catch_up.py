@@ -15,21 +15,12 @@ from ulid import ULID
 from protocol import limits as L
 from storaged.server import SPLIT_MIN
 from tests.support.daemon_proc import Daemon, pid_alive
+from tests.support.words import unique_word as _word
 
 pytestmark = pytest.mark.timeout(180)
 
 N = SPLIT_MIN + 1_000
 T0 = 1_767_225_600_000
-
-
-def _word(n: int) -> str:
-    """A word of its own for n that the stemmer leaves alone (see test_background_snapshot)."""
-    out = ""
-    while True:
-        out = "bcdfghjklmnprtvw"[n % 16] + out
-        n //= 16
-        if not n:
-            return "q" + out + "x"
 
 
 def _import(c, n: int) -> list[str]:

@@ -139,3 +139,26 @@ def test_live_lists_are_frozen_below_a_range_and_written_with_it(io, tmp_path):
     ix.write_and_adopt(plan, io, str(tmp_path))
     again = SearchIndex.load(ix.dump(), str(tmp_path), io)
     assert _answers(again) == _answers(ix)
+
+
+def test_retired_lists_are_freed_for_a_time_budget_after_each_batch(io, tmp_path):
+    """A loop that is never idle (a backfill) frees the lists a segment replaced after each batch of
+    requests (``release_step(busy=True)``) for up to _RELEASE_BUSY_S, not one chunk: one chunk a batch
+    fell behind the lists a sustained import retires (its memory grew ~2 KB an event)."""
+    from storaged import search
+
+    ix = SearchIndex()
+    for d in _docs(3000, seed=9):
+        ix.add(d[0], d[1] + f" uniq{d[0]}x", d[2], d[3])   # a term of its own per doc: many objects
+    ix.write_and_adopt(ix.plan(), io, str(tmp_path))
+    part = ix._retired[-1]
+    before = sum(map(len, (*part.slots, *part.keys, part.terms)))
+    assert before > 3 * search._RELEASE_STEP_BUSY
+    ix.release_step(busy=True)
+    after = sum(map(len, (*part.slots, *part.keys, part.terms))) if ix._retired else 0
+    assert before - after > search._RELEASE_STEP_BUSY   # more than one chunk in one call
+    calls = 1
+    while ix._retired:
+        ix.release_step(busy=True)
+        calls += 1
+    assert calls < before // search._RELEASE_STEP_BUSY   # one chunk a call would take this many
