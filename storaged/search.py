@@ -1474,9 +1474,9 @@ class SearchIndex:
         return False
 
     # --- a range indexed by another process ---------------------------------------------------
-    # A start after a crash replays the log past the snapshot and must index it before it answers a
-    # search (~230 us a message: 20k messages are ~4.6 s of one core). The daemon hands the first part
-    # of that queue to a forked child (its own core) and indexes the rest itself: ``reserve`` gives the
+    # Indexing is ~200 us of one core a message: a start after a crash must index the log it replays
+    # before it answers a search, and a backfill's imports wait on the index. When the queue is long the
+    # daemon hands its first part to a forked child (its own core) and indexes the rest itself: ``reserve`` gives the
     # child's docs their slots now, in order, with an empty part in their place (the hole), so the
     # daemon's own lists go on above it; ``fill`` puts the segment the child wrote there (``abandon``
     # gives the range up if none comes). While a hole is open the index is not whole: the store answers
@@ -1515,9 +1515,6 @@ class SearchIndex:
     def hole(self) -> tuple[int, int] | None:
         """The reserved slot range not filled yet (see ``reserve``), or None."""
         return None if self._hole is None else (self._hole.slot_lo, self._hole.slot_hi)
-
-    def range_docs(self, lo: int, hi: int) -> list[int]:
-        return self._slot_doc[lo:hi].tolist()
 
     def fill(self, segment: Segment) -> None:
         """Put ``segment`` (written by ``write_range`` for the hole) in the hole's place: its postings,

@@ -117,8 +117,9 @@ RELOCATE_STEP_BUSY = 1024
 # backlog) the loop hands the first SPLIT_SHARE of them to a forked child (Store.split_catch_up), which
 # indexes them on the other core while the loop indexes the rest and serves requests: a start after a
 # crash serves its first search sooner, and an import is indexed on two cores. Below SPLIT_MIN the fork
-# and the child's segment cost more than they save. While the child runs the loop polls every SPLIT_POLL_MS (it notices the end
-# soon), and a clean stop waits up to SPLIT_STOP_WAIT_S for it before giving its part back to the queue.
+# and the child's segment cost more than they save. While the child runs the loop polls every
+# SPLIT_POLL_MS (it notices the end soon), and a clean stop waits up to SPLIT_STOP_WAIT_S for it before
+# giving its part back to the queue.
 SPLIT_MIN = 4_000
 SPLIT_SHARE = 0.5
 SPLIT_POLL_MS = 5
@@ -511,7 +512,7 @@ class Server:
         the child that indexes its first part (see SPLIT_MIN). Never beside a snapshot's child (whose
         install collects the segment files the index does not name yet) or a rebuild."""
         store = self.store
-        if (len(store.unindexed) < SPLIT_MIN or store.rebuilding or self.rebuild_waiting
+        if (self.stopping or len(store.unindexed) < SPLIT_MIN or store.rebuilding or self.rebuild_waiting
                 or self.rebuild_outcome is not None or self.rebuild_reading is not None
                 or time.monotonic() - self.split_failed < SPLIT_RETRY_S):
             return
@@ -765,7 +766,7 @@ class Server:
             raise ProtocolError(E.BUSY, "another rebuild_index is running; retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         if self.split is not None:
-            raise ProtocolError(E.BUSY, "the search index is catching up after a start; retry shortly",
+            raise ProtocolError(E.BUSY, "the search index is catching up (a child indexes part of it); retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         self.store._check_writable()
         self.rebuild_id = rid

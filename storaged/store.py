@@ -800,7 +800,8 @@ class Store:
         BUSY (the index is catching up after a big import or a replay) rather than hold the loop.
         While a child indexes part of the queue (``split_catch_up``) the index is not whole: BUSY."""
         if self._index.hole is not None:
-            raise ProtocolError(E.BUSY, "the search index is catching up (a replayed log); retry shortly",
+            raise ProtocolError(E.BUSY, "the search index is catching up (a child process indexes part of its "
+                                        "queue); retry shortly",
                                 retry_after_ms=L.BUSY_RETRY_AFTER_MS)
         if self.unindexed and self.index_step(time.monotonic() + budget_s):
             raise ProtocolError(E.BUSY, f"the search index is catching up ({len(self.unindexed)} messages to "
