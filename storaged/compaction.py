@@ -194,7 +194,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     # stays open, unlinked, and holds the same texts. live_bytes follows each move.
     store.start_relocation(text_fd, p.seqs, p.rec_sizes, p.text_locs, old_log)
     store.checkpoint_bytes = p.checkpoint_bytes
-    store.session_meta = {sid: store.session_meta[sid] for sid in p.meta_sizes}
+    store.session_meta = store.session_meta.only(p.meta_sizes)
     store.meta_rec_sizes = dict(p.meta_sizes)
     store.meta_bytes = sum(p.meta_sizes.values())
     store.ingest.rec_sizes = dict(p.checkpoint_sizes)

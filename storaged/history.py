@@ -110,14 +110,16 @@ class HistoryViews:
     def meta(self, sid: str) -> dict[str, Any]:
         return self.store.session_meta.get(sid) or {}
 
+    # harness, source and mode: the metadata's hot fields, read without unpacking it (a listing's filter
+    # asks them of every session)
     def harness(self, sid: str) -> str:
-        return self.meta(sid).get("harness") or H.HARNESS_CONVMEM
+        return self.store.session_meta.field(sid, "harness") or H.HARNESS_CONVMEM
 
     def source(self, sid: str) -> str:
-        return self.meta(sid).get("source") or H.SOURCE_MEMORY
+        return self.store.session_meta.field(sid, "source") or H.SOURCE_MEMORY
 
     def mode(self, sid: str) -> str:
-        explicit = self.meta(sid).get("mode")
+        explicit = self.store.session_meta.field(sid, "mode")
         if explicit:
             return explicit
         s = self.store.sessions[sid]

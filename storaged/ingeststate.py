@@ -22,6 +22,8 @@ from typing import Any
 
 from protocol.requests import IngestHeartbeat
 
+from .packedmap import PackedMap
+
 # A heartbeat older than this many of its own intervals (and at least STALE_MIN_MS) is stale.
 STALE_INTERVALS = 3
 STALE_MIN_MS = 15_000
@@ -38,7 +40,7 @@ def _num(value: Any) -> int:
 class IngestState:
     def __init__(self, wall_ms=lambda: time.time_ns() // 1_000_000) -> None:
         self._wall_ms = wall_ms
-        self.checkpoints: dict[tuple[str, str], dict[str, Any]] = {}
+        self.checkpoints = PackedMap()                     # (source, key) -> value, packed
         self.rec_sizes: dict[tuple[str, str], int] = {}   # log bytes of each checkpoint's newest record
         self.live_bytes = 0                                # their sum
         self.totals: dict[str, dict[str, int]] = {}       # source -> running sums over its checkpoints
@@ -67,7 +69,7 @@ class IngestState:
                 totals["harness"] = value["harness"]   # a source's harness, known without a heartbeat
 
     def of_source(self, source: str) -> dict[str, dict[str, Any]]:
-        return {key: value for (src, key), value in self.checkpoints.items() if src == source}
+        return {key: self.checkpoints[(src, key)] for src, key in self.checkpoints if src == source}
 
     def dump(self, keys=None) -> list[list[Any]]:
         """[source, key, value, rec_size] of every checkpoint, or of the (source, key) pairs ``keys``

@@ -45,10 +45,14 @@ from .idgen import IdClock, ulid_ms
 from .indexes import IndexSizes, RelationIndex, Session, TouchIndex, sessions_from_table
 from .ingeststate import IngestState
 from .model import Message, message_from_args
+from .packedmap import PackedMap
 from .search import DumpOutdated, SearchIndex, SegmentPlan
 from .segment import Segment, is_segment_name, new_name as new_segment_name
 from .sessionorder import SessionOrder
 from .text import LogText, locate
+
+# the session metadata that filters read for every session (PackedMap.hot): no unpacking in a scan
+SESSION_HOT_FIELDS = ("harness", "source", "mode")
 
 LOG = logging.getLogger("convmem.storaged")
 
@@ -150,7 +154,7 @@ class Store:
         self.sessions: dict[str, Session] = {}
         # history interface: session metadata (harness, source, title, cwd, project...) by session id,
         # and the log bytes of the "s" records it was merged from; ingesters' checkpoints and heartbeats
-        self.session_meta: dict[str, dict[str, Any]] = {}
+        self.session_meta = PackedMap(SESSION_HOT_FIELDS)   # sid -> its metadata, packed
         self.meta_rec_sizes: dict[str, int] = {}
         self.meta_bytes = 0                # sum of meta_rec_sizes
         self.ingest = IngestState()

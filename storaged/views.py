@@ -400,9 +400,10 @@ def export_messages(store: Store, a: R.ExportMessages) -> dict[str, Any]:
         if out and used + size > L.RESPONSE_BUDGET_BYTES:
             last = out[-1]["_seq"]
             break
-        meta = store.session_meta.get(m.session_id)
-        if meta and store.sessions[m.session_id].seqs[0] == seq:
-            sessions.append({"session_id": m.session_id, **meta})
+        if store.sessions[m.session_id].seqs[0] == seq:
+            meta = store.session_meta.get(m.session_id)
+            if meta:
+                sessions.append({"session_id": m.session_id, **meta})
         item["_seq"] = seq
         out.append(item)
         used += size
