@@ -2,10 +2,13 @@
 
 A slotted ``Message`` per live message cost ~600 bytes of heap (the object, its id string, its big
 ints, two dict entries): 3 GB at five million events. Here each seq is one fixed-width row of one
-bytearray (110 bytes: the id's 26 ASCII characters, times, the text's location, small codes for
-the enum-like fields and for shared tag sets, tools and exts) and one event-type byte, the rarer
-fields are kept in dicts by seq, and ``tool_call_id`` (half of an agent's events carry one) is a
-slice of one growing byte string. ``get`` builds the ``Message`` a view or a mutation works with;
+bytearray (85 bytes: the id as its 128-bit number, times, a 32-bit revision and an 8-bit
+importance, the text's location, small codes for the enum-like fields and for shared tag sets,
+tools and exts) and one event-type byte, the rarer fields are kept in dicts by seq (a revision or
+importance too wide for its field among them), and ``tool_call_id`` (half of an agent's events carry
+one) is a slice of one growing byte string. The row was 110 bytes (version 2 segments) with the id's
+26 characters and 64-bit revision, importance and record size: 25 bytes a message, 120 MB at five
+million, for fields no message of ours fills. ``get`` builds the ``Message`` a view or a mutation works with;
 nothing holds it after.
 
 The id → seq map is a sorted numpy array of 60-bit keys (``id_key``) beside the seqs, plus a dict
@@ -44,14 +47,18 @@ _TIER_CODE = {t: i for i, t in enumerate(_TIERS)}
 _KINDS = tuple(L.MEMORY_KINDS)
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 
-ID_BYTES = 26                       # a canonical ULID
-_CANONICAL = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}\Z")
+ID_BYTES = 26                       # a canonical ULID's characters
+ID_RAW = 16                         # ... as a row holds them: the 128-bit number, big-endian
+# a canonical ULID: 26 Crockford digits, the first at most 7 (130 bits: the top two are zero)
+_CANONICAL = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
 _KEY_CHARS = 12                     # the id's last 12 characters: 60 random bits, the lookup key
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _TO_INT32 = str.maketrans(_CROCKFORD, "0123456789abcdefghijklmnopqrstuv")
 _DIGIT8 = np.zeros(256, np.uint8)
+_VALID8 = np.zeros(256, bool)
 for _i, _c in enumerate(_CROCKFORD):
     _DIGIT8[ord(_c)] = _i
+    _VALID8[ord(_c)] = True
 
 # ids put since the sorted keys were last merged; beyond this many they are merged (a copy of the
 # key arrays: ~20 ms at five million messages, once every RECENT_MAX puts)
@@ -63,6 +70,24 @@ _STR_LEN_MASK = (1 << _STR_LEN_BITS) - 1
 _SHIFT = TEXT_OFF_BITS + TEXT_LEN_BITS
 _LOW = (1 << _SHIFT) - 1
 _EXT_SPARSE = (1 << 32) - 1         # an ext with files: in the sparse dict, not shared
+
+
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]   # 10 bits -> two digits
+_M60 = (1 << 60) - 1
+
+
+def id_raw(mid: str) -> bytes:
+    """A canonical id's 16 bytes (the row's ``id``)."""
+    return int(mid.translate(_TO_INT32), 32).to_bytes(ID_RAW, "big")
+
+
+def id_text(raw: bytes, P=_PAIRS) -> str:
+    """The canonical id of 16 bytes: two digits a lookup, unrolled (1.0 µs; a loop over the shifts
+    1.7; decoding the 26 characters a version 2 row held, 0.2)."""
+    n = int.from_bytes(raw, "big")
+    return (P[n >> 120] + P[n >> 110 & 1023] + P[n >> 100 & 1023] + P[n >> 90 & 1023] + P[n >> 80 & 1023]
+            + P[n >> 70 & 1023] + P[n >> 60 & 1023] + P[n >> 50 & 1023] + P[n >> 40 & 1023]
+            + P[n >> 30 & 1023] + P[n >> 20 & 1023] + P[n >> 10 & 1023] + P[n & 1023])
 
 
 _MIX = 0x9E3779B97F4A7C15          # 2^64 / golden ratio: spreads the high characters over the key
@@ -79,17 +104,33 @@ def id_key(mid: str) -> int:
 
 
 def _keys(ids: np.ndarray) -> np.ndarray:
-    """The keys of rows of ids (an (n, 26) uint8 array)."""
-    digits = _DIGIT8[ids[:, ID_BYTES - 2 * _KEY_CHARS:]]   # (n, 24) digit values, one byte each
-    halves = []
-    for first in (_KEY_CHARS, 0):
-        key = np.zeros(len(ids), np.uint64)
-        for c in range(first, first + _KEY_CHARS):
-            key <<= np.uint64(5)
-            key |= digits[:, c]
-        halves.append(key)
-    low, high = halves
+    """The keys (``id_key``) of rows of raw ids (an (n, 16) uint8 array): the last 60 bits mixed with
+    the 60 before them."""
+    hi, lo = _halves(ids)
+    low = lo & np.uint64(_M60)
+    high = ((hi << np.uint64(4)) | (lo >> np.uint64(60))) & np.uint64(_M60)
     return low ^ (high * np.uint64(_MIX))
+
+
+def _halves(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The high and low 64 bits of (n, 16) raw ids."""
+    both = np.ascontiguousarray(ids).view(">u8").reshape(-1, 2).astype(np.uint64)
+    return both[:, 0], both[:, 1]
+
+
+def raw_ids(text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ids as 26 ASCII characters (an (n, 26) uint8 array; a version 2 row's) as (n, 16) raw ids, and
+    which of them are canonical (digits of Crockford's alphabet, the first at most 7)."""
+    digits = _DIGIT8[text]
+    ok = (_VALID8[text].all(axis=1)) & (digits[:, 0] <= 7) if len(text) else np.zeros(0, bool)
+    hi = np.zeros(len(text), np.uint64)
+    lo = np.zeros(len(text), np.uint64)
+    for c in range(ID_BYTES):
+        hi = (hi << np.uint64(5)) | (lo >> np.uint64(59))
+        lo = (lo << np.uint64(5)) | digits[:, c].astype(np.uint64)
+    raw = np.empty((len(text), 2), ">u8")
+    raw[:, 0], raw[:, 1] = hi, lo
+    return raw.view(np.uint8).reshape(-1, ID_RAW), ok
 
 
 class _Interned:
@@ -112,10 +153,20 @@ class _Interned:
 
 # The row (docs/format.md §4.1), as numpy sees it for what is asked of many rows at once, and as
 # ``struct`` packs and unpacks one row (the same layout: derived from this, never written twice)
-ROW_DTYPE = np.dtype([("id", "S26"), ("session", "<u4"), ("ts", "<i8"), ("upd", "<i8"), ("rev", "<i8"),
-                      ("importance", "<i8"), ("rec_pos", "<u8"), ("text_low", "<u8"), ("rec_size", "<u8"),
+ROW_DTYPE = np.dtype([("id", "S16"), ("session", "<u4"), ("ts", "<i8"), ("upd", "<i8"), ("rev", "<u4"),
+                      ("importance", "u1"), ("rec_pos", "<u8"), ("text_low", "<u8"), ("rec_size", "<u4"),
                       ("tcid", "<u8"), ("tags", "<u4"), ("tool", "<u4"), ("ext", "<u4"), ("codes", "<u4")])
-_STRUCT_CODE = {"S": "s", "u4": "I", "i8": "q", "u8": "Q"}
+# the row of version 2 segments (issue 15 part 7): the id's 26 characters, 64-bit revision, importance and
+# record size; read by converting it (_rows_from_v2)
+ROW_DTYPE_V2 = np.dtype([("id", "S26"), ("session", "<u4"), ("ts", "<i8"), ("upd", "<i8"), ("rev", "<i8"),
+                         ("importance", "<i8"), ("rec_pos", "<u8"), ("text_low", "<u8"), ("rec_size", "<u8"),
+                         ("tcid", "<u8"), ("tags", "<u4"), ("tool", "<u4"), ("ext", "<u4"), ("codes", "<u4")])
+# A revision or importance the row's narrow fields cannot hold (a revision past 2^32 - 2, an importance
+# outside 0-254: only a hand-made log has them) is in the sparse ``wide`` dict, the row saying so by
+# both fields at their maximum.
+_REV_WIDE, _IMP_WIDE = (1 << 32) - 1, 0xFF
+_I64_MIN, _I64_END = -(1 << 63), 1 << 63
+_STRUCT_CODE = {"S": "s", "u1": "B", "u4": "I", "i8": "q", "u8": "Q"}
 _ROW = struct.Struct("<" + "".join(
     f"{t.itemsize}s" if t.kind == "S" else _STRUCT_CODE[f"{t.kind}{t.itemsize}"]
     for t in (ROW_DTYPE.fields[name][0] for name in ROW_DTYPE.names)))
@@ -136,12 +187,13 @@ class MessageTable:
     reads them all (a field-per-array layout cost fifteen lookups a message), and ``ROW_DTYPE``
     views the same bytes as numpy columns for whatever is asked of every row at once."""
 
-    __slots__ = ("rows", "etype", "tcid_bytes", "summary", "relations", "source_ids", "ext_files", "odd_id",
+    __slots__ = ("rows", "etype", "tcid_bytes", "summary", "relations", "source_ids", "ext_files", "wide", "odd_id",
                  "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
                  "keys", "key_seqs", "_keys_view", "_seqs_view", "recent", "by_seq", "by_id")
 
-    # id (26 ASCII bytes; zeros for an odd id), session number (from 1), timestamp,
-    # updated_at, revision, importance, the text's record position and its offset | length (text.locate),
+    # id (16 bytes: the ULID's number; zeros for an odd id), session number (from 1), timestamp,
+    # updated_at, revision (u32), importance (u8; both at their maximum: see ``wide``), the text's record
+    # position and its offset | length (text.locate),
     # the record's size, tool_call_id (start << 24 | length in tcid_bytes, or _NO_STR), the numbers of
     # the tag set, tool and ext (_Interned), and role | tier << 8 | kind << 16 | source generation << 24
     ROW_BYTES = _ROW_SIZE + 1          # and the etype byte
@@ -154,6 +206,7 @@ class MessageTable:
         self.relations: dict[int, tuple] = {}
         self.source_ids: dict[int, tuple] = {}
         self.ext_files: dict[int, tuple] = {}
+        self.wide: dict[int, tuple[int, int]] = {}   # seq -> (revision, importance) the row cannot hold
         self.odd_id: dict[int, str] = {}  # seq -> an id that is not a canonical ULID
         self.odd_seq: dict[str, int] = {}
         self.sids: list[str] = []         # session number - 1 -> session id
@@ -219,7 +272,10 @@ class MessageTable:
         if loc.__class__ is not int:
             raise ValueError("a message's text must be stored before the table holds it")
         canonical = len(mid) == ID_BYTES and _CANONICAL.match(mid)
-        raw = mid.encode("ascii") if canonical else b""
+        raw = id_raw(mid) if canonical else b""
+        wide = not (0 <= rev < _REV_WIDE and 0 <= importance < _IMP_WIDE)
+        if wide and not (_I64_MIN <= rev < _I64_END and _I64_MIN <= importance < _I64_END):
+            raise ValueError(f"message {mid!r} has a revision or importance the message table cannot hold")
         encoded = tcid.encode("utf-8") if tcid is not None else b""
         if len(encoded) > _STR_LEN_MASK:
             raise ValueError(f"message {mid!r} has a tool_call_id longer than the message table holds")
@@ -235,7 +291,8 @@ class MessageTable:
         # packed before anything changes: a value the row cannot hold (a hand-made log's timestamp
         # of 2^63) leaves the table as it was
         try:
-            packed = _ROW.pack(raw, self._sid_number(sid), ts, upd, rev, importance, loc >> _SHIFT,
+            packed = _ROW.pack(raw, self._sid_number(sid), ts, upd, _REV_WIDE if wide else rev,
+                               _IMP_WIDE if wide else importance, loc >> _SHIFT,
                                    loc & _LOW, rec_size, tcid_at, self.tagsets.code(tags) if tags else 0,
                                    self.tools.code(tool) if tool is not None else 0, ext_no,
                                    _ROLE_CODE[role] | _TIER_CODE[tier] << 8 | _KIND_CODE[kind] << 16
@@ -257,6 +314,8 @@ class MessageTable:
             self.tcid_bytes += encoded
         if ext_no == _EXT_SPARSE:
             self.ext_files[seq] = ext
+        if wide:
+            self.wide[seq] = (rev, importance)
         self.rows[seq * _ROW_SIZE:(seq + 1) * _ROW_SIZE] = packed
         self.etype[seq] = ETYPE_CODE[etype]
         if summary is not None:
@@ -289,6 +348,7 @@ class MessageTable:
             if self.recent.get(mid) == seq:
                 del self.recent[mid]
         self.summary.pop(seq, None)
+        self.wide.pop(seq, None)
         self.relations.pop(seq, None)
         self.source_ids.pop(seq, None)
         self.ext_files.pop(seq, None)
@@ -311,9 +371,11 @@ class MessageTable:
 
     # ------------------------------------------------------------------ fields without a Message
     def message_id(self, seq: int) -> str:
+        odd = self.odd_id.get(seq) if self.odd_id else None
+        if odd is not None:
+            return odd
         off = seq * _ROW_SIZE
-        raw = self.rows[off:off + ID_BYTES]
-        return raw.decode("ascii") if raw[0] else self.odd_id[seq]
+        return id_text(self.rows[off:off + ID_RAW])
 
     def session_id(self, seq: int) -> str:
         return self.sids[_U32.unpack_from(self.rows, seq * _ROW_SIZE + _SESSION_AT)[0] - 1]
@@ -338,12 +400,15 @@ class MessageTable:
             return None
         (raw, number, ts, upd, rev, importance, rec_pos, low, rec_size, tcid, tags, tool, ext,
          codes) = _ROW.unpack_from(self.rows, seq * _ROW_SIZE)
+        if importance == _IMP_WIDE:
+            rev, importance = self.wide[seq]
         if tcid != _NO_STR:
             start = tcid >> _STR_LEN_BITS
             tcid = self.tcid_bytes[start:start + (tcid & _STR_LEN_MASK)].decode("utf-8")
         else:
             tcid = None
-        msg = Message(raw.decode("ascii") if raw[0] else self.odd_id[seq], self.sids[number - 1], seq, ts,
+        odd = self.odd_id.get(seq) if self.odd_id else None
+        msg = Message(id_text(raw) if odd is None else odd, self.sids[number - 1], seq, ts,
                       _ROLES[codes & 0xFF], rec_pos << _SHIFT | low, rev, ts if upd == ts else upd,
                       tcid, self.tagsets.values[tags], _TIERS[codes >> 8 & 0xFF], _KINDS[codes >> 16 & 0xFF],
                       importance, self.summary.get(seq), self.relations.get(seq, ()), self.source_ids.get(seq, ()),
@@ -366,11 +431,11 @@ class MessageTable:
         n = len(keys)
         if i == n or keys[i] != key:
             return None
-        raw = mid.encode("ascii")
-        rows, etype, size = self.rows, self.etype, _ROW_SIZE
+        raw = id_raw(mid)
+        rows, etype, size, odd = self.rows, self.etype, _ROW_SIZE, self.odd_id
         while i < n and keys[i] == key:
             seq = self._seqs_view[i]
-            if etype[seq] and rows[seq * size:seq * size + ID_BYTES] == raw:
+            if etype[seq] and rows[seq * size:seq * size + ID_RAW] == raw and not (odd and seq in odd):
                 return seq
             i += 1
         return None
@@ -399,18 +464,22 @@ class MessageTable:
         self._set_keys(keys, key_seqs)
 
     def _id_rows(self, seqs: np.ndarray) -> np.ndarray:
-        """The ids of ``seqs`` as an (n, 26) uint8 array (a copy)."""
+        """The raw ids of ``seqs`` as an (n, 16) uint8 array (a copy)."""
         ids = np.frombuffer(self.rows, ROW_DTYPE)["id"][seqs]
-        return ids.view(np.uint8).reshape(-1, ID_BYTES)
+        return ids.view(np.uint8).reshape(-1, ID_RAW)
+
+    def _canonical(self, seqs: np.ndarray) -> np.ndarray:
+        """Which of ``seqs`` hold a canonical id (not one of ``odd_id``'s)."""
+        if not self.odd_id:
+            return np.ones(len(seqs), bool)
+        return ~np.isin(seqs, np.fromiter(self.odd_id, np.int64, len(self.odd_id)))
 
     def index_all_ids(self) -> None:
         """The sorted keys of every live canonical id, at once (after a bulk load)."""
         self.recent.clear()
         seqs = self.live_seqs()
-        ids = self._id_rows(seqs)
-        canonical = ids[:, 0] != 0
-        seqs, ids = seqs[canonical], ids[canonical]
-        keys = _keys(ids)
+        seqs = seqs[self._canonical(seqs)]
+        keys = _keys(self._id_rows(seqs))
         order = np.argsort(keys)  # equal keys need no order: a lookup tries each
         self._set_keys(keys[order], seqs[order])
 
@@ -433,7 +502,7 @@ class MessageTable:
         if locs is not None:
             rows["rec_pos"] = [loc >> _SHIFT for loc in locs]
             rows["text_low"] = [loc & _LOW for loc in locs]
-            rows["rec_size"] = np.asarray(rec_sizes, np.uint64)
+            rows["rec_size"] = np.asarray(rec_sizes, np.uint32)
         rows["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
         numbers, rows["session"] = np.unique(rows["session"], return_inverse=True)
         rows["session"] += np.uint32(1)
@@ -456,8 +525,8 @@ class MessageTable:
             tcids[i] = at << _STR_LEN_BITS | n
             at += n
         rows["tcid"][has] = np.asarray(tcids, np.uint64)
-        ids = rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, :ID_BYTES]
-        canonical = ids[:, 0] != 0
+        canonical = self._canonical(seqs)
+        ids = rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, :ID_RAW]
         keys, key_seqs = _keys(ids[canonical]), seqs[canonical]
         order = np.argsort(keys)
         wanted = set(seqs.tolist()) if len(seqs) != self.count else None
@@ -476,7 +545,7 @@ class MessageTable:
             "summary": pairs(self.summary), "relations": pairs(self.relations, lambda v: [list(r) for r in v]),
             "source_ids": pairs(self.source_ids, list),
             "ext_files": pairs(self.ext_files, lambda e: [e[0], e[1], e[2], [list(f) for f in e[3]]]),
-            "odd_ids": pairs(self.odd_id),
+            "odd_ids": pairs(self.odd_id), "wide": pairs(self.wide, list),
         }
 
     def load_segments(self, segments: list[tuple[dict[str, Any], list[int]]], src: LogText,
@@ -512,9 +581,11 @@ class MessageTable:
         records = view.view(_RECORD)
         alive = np.frombuffer(self.etype, np.uint8)
         owner = np.full(top + 1, -1, np.int32)
+        extra: list[dict[str, list]] = []   # each segment's wide and odd ids, as [seq, value] pairs
         try:
             for i, ((cols, dead), seqs) in enumerate(zip(segments, all_seqs)):
-                rows = np.frombuffer(cols["rows"], ROW_DTYPE)   # the mapping: copied only to be renumbered
+                rows, sparse = segment_rows(cols, seqs)   # the mapping: copied only to be renumbered
+                extra.append(sparse)
                 etype = np.frombuffer(cols["etype"], np.uint8)
                 if len(rows) != len(seqs) or len(etype) != len(seqs) or (len(seqs) and not etype.all()):
                     raise ValueError("a row segment's columns differ in length, or hold a dead row")
@@ -529,7 +600,7 @@ class MessageTable:
                         raise ValueError(f"a row segment's {field} number is beyond its table")
                 if len(rows) and not rows["session"].all():
                     raise ValueError("a row segment's row names no session")
-                _check_codes(rows, etype, len(cols["tcid"]), seqs, cols)
+                _check_codes(rows, etype, len(cols["tcid"]), seqs, cols, sparse)
                 renumber = {field: np.asarray(numbers, np.uint32) for field, numbers in maps.items()
                             if numbers != list(range(len(numbers)))}
                 if renumber or self.tcid_bytes or self.generation:
@@ -556,8 +627,8 @@ class MessageTable:
         finally:
             del view, records, alive
         for i, (cols, _) in enumerate(segments):
-            if any(pair[0] < 0 for name in ("summary", "relations", "source_ids", "ext_files", "odd_ids")
-                   for pair in cols[name]):
+            if any(pair[0] < 0 for name in ("summary", "relations", "source_ids", "ext_files")
+                   for pair in cols[name]) or any(pair[0] < 0 for pairs in extra[i].values() for pair in pairs):
                 raise ValueError("a row segment's sparse field names a negative seq")
             for seq, value in cols["summary"]:
                 if owner[seq] == i:
@@ -571,10 +642,13 @@ class MessageTable:
             for seq, value in cols["ext_files"]:
                 if owner[seq] == i:
                     self.ext_files[seq] = shared_ext_from(value)
-            for seq, value in cols["odd_ids"]:
+            for seq, value in extra[i]["odd_ids"]:
                 if owner[seq] == i:
                     self.odd_id[seq] = value
                     self.odd_seq[value] = seq
+            for seq, (rev, importance) in extra[i]["wide"]:
+                if owner[seq] == i:
+                    self.wide[seq] = (rev, importance)
         self._merge_segment_keys(segments)
 
     def _merge_segment_keys(self, segments: list[tuple[dict[str, Any], list[int]]]) -> None:
@@ -704,14 +778,16 @@ _TAIL_DTYPE = np.dtype({"names": ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]
                         "itemsize": _ROW_SIZE - _TAIL_AT})
 
 
-def _check_codes(rows: np.ndarray, etype: np.ndarray, tcid_size: int, seqs: np.ndarray, cols: dict[str, Any]) -> None:
+def _check_codes(rows: np.ndarray, etype: np.ndarray, tcid_size: int, seqs: np.ndarray, cols: dict[str, Any],
+                 sparse: dict[str, list]) -> None:
     """A row segment's codes are ones ``get`` can read: an event type, role, tier and kind it knows, no
     source generation (a process's own), tool_call_ids inside the segment's bytes, and a sparse entry
-    for each row that says it has one (an ext with files, an id that is not a canonical ULID)."""
+    for each row that says it has one (an ext with files, a revision or importance in ``wide``), each
+    odd id at a seq the segment holds, and ``wide``'s values two integers."""
     if not len(rows):
         return
     # the row's last fields (tcid, tags, tool, ext, codes) are adjacent: copied out in one pass over the
-    # rows, then checked as plain arrays (each field read from the 110-byte rows is a pass of its own)
+    # rows, then checked as plain arrays (each field read from the 85-byte rows is a pass of its own)
     tail = np.ascontiguousarray(rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, _TAIL_AT:]).view(_TAIL_DTYPE).ravel()
     codes = tail["codes"].copy()
     if (int(etype.max()) >= len(_ETYPES) or int((codes & 0xFF).max()) >= len(_ROLES)
@@ -721,24 +797,69 @@ def _check_codes(rows: np.ndarray, etype: np.ndarray, tcid_size: int, seqs: np.n
     tcid = tail["tcid"][tail["tcid"] != np.uint64(_NO_STR)]
     if len(tcid) and int(((tcid >> np.uint64(_STR_LEN_BITS)) + (tcid & np.uint64(_STR_LEN_MASK))).max()) > tcid_size:
         raise ValueError("a row segment's tool_call_id runs past its bytes")
-    for name, wanting in (("ext_files", tail["ext"] == _EXT_SPARSE),
-                          ("odd_ids", rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, 0] == 0)):
-        if not set(seqs[wanting].tolist()) <= {pair[0] for pair in cols[name]}:
+    for name, wanting, pairs in (("ext_files", tail["ext"] == _EXT_SPARSE, cols["ext_files"]),
+                                 ("wide", rows["importance"] == _IMP_WIDE, sparse["wide"])):
+        if not set(seqs[wanting].tolist()) <= {pair[0] for pair in pairs}:
             raise ValueError(f"a row segment's row has no entry in its {name}")
+    if not {pair[0] for pair in sparse["odd_ids"]} <= set(seqs.tolist()):
+        raise ValueError("a row segment's odd id is at a seq it does not hold")
+    if any(len(value) != 2 or not all(v.__class__ is int for v in value) for _, value in sparse["wide"]):
+        raise ValueError("a row segment's wide entry is not a revision and an importance")
+
+
+def segment_rows(cols: dict[str, Any], seqs: np.ndarray) -> tuple[np.ndarray, dict[str, list]]:
+    """A row segment's rows in the table's layout (a view of the mapping for the current version, a
+    converted copy for version 2) and its rows' sparse ``odd_ids`` and ``wide`` ([seq, value] pairs)."""
+    if cols.get("version", 3) >= 3:
+        return (np.frombuffer(cols["rows"], ROW_DTYPE),
+                {"odd_ids": list(cols["odd_ids"]), "wide": [[seq, tuple(v)] for seq, v in cols["wide"]]})
+    return _rows_from_v2(np.frombuffer(cols["rows"], ROW_DTYPE_V2), seqs, cols["odd_ids"])
+
+
+def _rows_from_v2(old: np.ndarray, seqs: np.ndarray, odd_ids: list) -> tuple[np.ndarray, dict[str, list]]:
+    """Version 2 rows in the current layout: the ids' characters as their number (an id of 26 valid
+    characters whose first is past 7 does not fit 128 bits: it becomes an odd id), revisions and
+    importances that do not fit in ``wide``. A row's record size past 32 bits cannot be one the log
+    frames: refused."""
+    if len(old) != len(seqs):
+        raise ValueError("a row segment's columns differ in length")
+    new = np.zeros(len(old), ROW_DTYPE)
+    for name in ROW_DTYPE.names:
+        if name not in ("id", "rev", "importance", "rec_size"):
+            new[name] = old[name]
+    if len(old) and int(old["rec_size"].max()) > 0xFFFFFFFF:
+        raise ValueError("a row segment's record size is beyond any the log frames")
+    new["rec_size"] = old["rec_size"]
+    text = np.ascontiguousarray(old["id"]).view(np.uint8).reshape(-1, ID_BYTES)
+    raw, ok = raw_ids(text)
+    new["id"] = np.where(ok[:, None], raw, 0).view("S16").ravel()
+    odd = {int(seq): mid for seq, mid in odd_ids}
+    for j in np.flatnonzero(~ok & (text[:, 0] != 0)).tolist():   # 26 characters that are not a number of 128 bits
+        odd[int(seqs[j])] = bytes(text[j]).decode("ascii", "replace")
+    rev, imp = old["rev"], old["importance"]
+    wide = (rev < 0) | (rev >= _REV_WIDE) | (imp < 0) | (imp >= _IMP_WIDE)
+    new["rev"] = np.where(wide, _REV_WIDE, rev)
+    new["importance"] = np.where(wide, _IMP_WIDE, imp)
+    pairs = [[int(seqs[j]), (int(rev[j]), int(imp[j]))] for j in np.flatnonzero(wide).tolist()]
+    return new, {"odd_ids": sorted([seq, mid] for seq, mid in odd.items()), "wide": pairs}
 
 
 def rows_from_columns(cols: dict[str, Any]) -> list[list[Any]]:
-    """A version 2 row segment's rows as version 1 held them (``Message.row``), for whatever reads
+    """A version 2 or 3 row segment's rows as version 1 held them (``Message.row``), for whatever reads
     rows one by one (``snapshot.read``, a start whose segments are not all of version 2)."""
-    sparse = {name: dict(cols[name]) for name in ("summary", "relations", "source_ids", "ext_files", "odd_ids")}
+    array, extra = segment_rows(cols, np.frombuffer(cols["seqs"], "<u8").astype(np.int64))
+    sparse = {name: dict(cols[name]) for name in ("summary", "relations", "source_ids", "ext_files")}
+    sparse.update({name: dict(pairs) for name, pairs in extra.items()})
     seqs = np.frombuffer(cols["seqs"], "<u8").tolist()
     etypes = bytes(cols["etype"])
     tcid_bytes = bytes(cols["tcid"])
     sids, tagsets, tools, exts = cols["sids"], cols["tagsets"], cols["tools"], cols["exts"]
     rows = []
     for i, (raw, number, ts, upd, rev, importance, rec_pos, low, rec_size, tcid, tags, tool, ext,
-            codes) in enumerate(_ROW.iter_unpack(bytes(cols["rows"]))):
+            codes) in enumerate(_ROW.iter_unpack(array.tobytes())):
         seq = seqs[i]
+        if importance == _IMP_WIDE:
+            rev, importance = sparse["wide"][seq]
         if tcid != _NO_STR:
             start = tcid >> _STR_LEN_BITS
             tcid = tcid_bytes[start:start + (tcid & _STR_LEN_MASK)].decode("utf-8")
@@ -746,7 +867,7 @@ def rows_from_columns(cols: dict[str, Any]) -> list[list[Any]]:
             tcid = None
         loc = rec_pos << _SHIFT | low
         e = sparse["ext_files"][seq] if ext == _EXT_SPARSE else (None if exts[ext] is None else [*exts[ext], []])
-        rows.append([raw.decode("ascii") if raw[0] else sparse["odd_ids"][seq], sids[number - 1], seq, ts,
+        rows.append([sparse["odd_ids"][seq] if seq in sparse["odd_ids"] else id_text(raw), sids[number - 1], seq, ts,
                      _ROLES[codes & 0xFF], location_parts(loc), rev, upd, tcid, list(tagsets[tags]),
                      _TIERS[codes >> 8 & 0xFF], _KINDS[codes >> 16 & 0xFF], importance, sparse["summary"].get(seq),
                      sparse["relations"].get(seq, []), sparse["source_ids"].get(seq, []), _ETYPES[etypes[i]],

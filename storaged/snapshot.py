@@ -46,12 +46,16 @@ VERSION = 6
 READABLE_VERSIONS = (4, 5, 6)
 ROWS_MAGIC = b"CVMEMROW"
 # Row segments: 1 holds msgpack rows (Message.row); 2 holds the message table's packed rows as they
-# are in memory (storaged/columns.py), loaded by a few numpy copies instead of a Python call a row.
-# Both are read; 2 is written. A snapshot with a version 1 segment is loaded row by row, and the next
-# snapshot writes a version 2 base (Store.rows_legacy).
-ROWS_VERSION = 2
+# are in memory (storaged/columns.py), loaded by a few numpy copies instead of a Python call a row; 3
+# holds the narrower row of 85 bytes (the id as its 128-bit number, a 32-bit revision and record size,
+# an 8-bit importance; what does not fit in the sparse ``wide``). All are read; 3 is written. A
+# snapshot with a version 1 segment is loaded row by row, a version 2 one converted in numpy
+# (columns.segment_rows); either way the next snapshot writes a base of the current version
+# (Store.rows_legacy).
+ROWS_VERSION = 3
+ROWS_VERSION_2 = 2
 ROWS_VERSION_1 = 1
-ROWS_VERSIONS = (ROWS_VERSION_1, ROWS_VERSION)
+ROWS_VERSIONS = (ROWS_VERSION_1, ROWS_VERSION_2, ROWS_VERSION)
 # raw bytes after the head, in this order
 _COLUMN_SECTIONS = ("seqs", "rows", "etype", "tcid", "keys", "key_seqs")
 OUTDATED_VERSIONS = (2, 3)
@@ -146,7 +150,7 @@ def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[
 
 def write_row_columns(io: FileIO, path: str, columns: dict[str, Any], dead: Iterable[int],
                       session_meta: Iterable[list[Any]] = (), checkpoints: Iterable[list[Any]] = ()) -> int:
-    """Write and fsync a version 2 row segment at ``path``: the rows ``MessageTable.segment_columns``
+    """Write and fsync a row segment of the current version at ``path``: the rows ``MessageTable.segment_columns``
     gave, then the tail (as ``write_rows``'; its ``seqs`` is nil: they are a column). Returns the
     number of rows.
 
@@ -322,8 +326,12 @@ class Reader:
             pending = next(extra, None)
 
     def columnar(self) -> bool:
-        """Every row is in version 2 row segments: ``column_segments`` can load them without rows."""
+        """Every row is in version 2 or 3 row segments: ``column_segments`` can load them without rows."""
         return self.row_segments is not None and all(segment.columns is not None for segment in self.segments)
+
+    def rows_outdated(self) -> bool:
+        """A row segment of an earlier version is in use (the next snapshot writes a current base)."""
+        return self.row_segments is not None and any(s._file.version != ROWS_VERSION for s in self.segments)
 
     def column_segments(self) -> list[tuple[dict[str, Any], list[int]]]:
         """(columns, dead seqs) of each row segment, oldest first, for ``MessageTable.load_segments``;
@@ -380,6 +388,7 @@ class _RowSegment:
                 at = unpacker.tell()
                 # self's at once, so that close releases whatever views of the mapping were made
                 self.columns = dict(head)
+                self.columns["version"] = self._file.version   # the row's layout (columns.segment_rows)
                 for name in _COLUMN_SECTIONS:
                     n = head[f"{name}_bytes"]
                     self.columns[name] = self._file.view(at, n)

@@ -226,7 +226,7 @@ class Store:
         # whether they are kept: not while the next snapshot writes a base anyway (a full replay of
         # millions of messages would fill them for nothing), from the first plan or loaded row segments on
         self.rows_tracked = False
-        self.rows_legacy = False          # the row segments on disk include a version 1 one (an earlier release)
+        self.rows_legacy = False          # the row segments on disk include one of an earlier version
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
         self.group_commit = False
@@ -414,9 +414,9 @@ class Store:
             self._load_columns(reader)
         else:
             self._bulk_load(reader.rows())
-            # row segments of version 1 (an earlier release): the next snapshot writes a base of the
-            # current version, so that the next start loads it without a Python step a row
-            self.rows_legacy = reader.row_segments is not None
+        # row segments of an earlier release (version 1: rows one by one; 2: converted): the next
+        # snapshot writes a base of the current version, so that the next start only copies it in
+        self.rows_legacy = reader.rows_outdated()
         if clock_poisoned:
             # the snapshot's clock lies beyond the bound (written before the bound existed): recover
             # the newest plausible id and time from the messages themselves
@@ -1036,10 +1036,11 @@ class Store:
     def snapshot_due(self) -> bool:
         """Whether the snapshot on disk is behind: the log grew since, or the search index indexed
         messages the snapshot left queued, or its live lists are big enough to be written as a segment
-        (SearchIndex.flush_due)."""
+        (SearchIndex.flush_due), or its rows are in segments of an earlier version (``rows_legacy``:
+        every start would convert them again)."""
         return self.writer is not None and not self.corrupt and not self.broken and self.relocation is None and (
             self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed
-            or self.search_flush_due())
+            or self.search_flush_due() or self.rows_legacy)
 
     def plan_snapshot(self, inline: bool = False) -> "SnapshotPlan":
         """Before a snapshot: freeze the search index's live postings and plan the segment the

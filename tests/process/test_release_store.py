@@ -99,6 +99,41 @@ def test_release_store_opens_with_everything_intact(pool, tmp_path, release):
         check_state(c, added, expected)
 
 
+def test_a_store_with_row_segments_of_an_earlier_version_gets_a_current_base_without_a_write(pool):
+    """The release before the narrow row wrote version 2 row segments, which each start converts: the
+    daemon is due a snapshot at once (nothing written, no clean stop), its background snapshot writes a
+    version 3 base, and a start after SIGKILL reads that one with everything intact."""
+    import os
+    import time
+
+    from storaged import snapshot
+    from tests.support.release_store import STORE_ROWS2
+
+    store, expected = STORE_ROWS2, RELEASES[STORE_ROWS2.name][1]
+    d = pool.new("d")
+    copy_store(store, Path(d.data_dir))
+
+    def versions() -> list[int]:
+        out = []
+        for name in sorted(n for n in os.listdir(d.data_dir) if n.startswith("rows.") and n.endswith(".seg")):
+            with open(os.path.join(d.data_dir, name), "rb") as f:
+                out.append(snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1])
+        return out
+
+    assert set(versions()) == {2}
+    d.start()
+    deadline = time.monotonic() + 60
+    while versions() != [snapshot.ROWS_VERSION]:   # the old segments go once the new snapshot is in
+        assert time.monotonic() < deadline, versions()
+        time.sleep(0.05)
+    with d.client() as c:
+        check_state(c, [], expected)
+    d.kill()
+    d.start()
+    with d.client() as c:
+        check_state(c, [], expected)
+
+
 def retry_all(c: Client) -> None:
     """Each recorded request id again: the recorded answer, nothing appended."""
     size = c.health()["log_size"]

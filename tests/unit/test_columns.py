@@ -141,7 +141,9 @@ def test_ids_alike_in_either_half_get_different_keys():
     same_head = [_ulid(i) for i in range(1000)]
     for ids in (same_tail, same_head):
         assert len({id_key(mid) for mid in ids}) == 1000
-        raw = np.frombuffer("".join(ids).encode("ascii"), np.uint8).reshape(-1, 26)
+        text = np.frombuffer("".join(ids).encode("ascii"), np.uint8).reshape(-1, 26)
+        raw, ok = columns.raw_ids(text)
+        assert ok.all() and [bytes(r) for r in raw] == [columns.id_raw(mid) for mid in ids]
         assert columns._keys(raw).tolist() == [id_key(mid) for mid in ids]
 
 
@@ -279,3 +281,102 @@ def test_a_row_segment_that_does_not_hold_together_is_refused():
             MessageTable().load_segments([(broken, [])], SRC)
     with pytest.raises(ValueError):
         t.segment_columns(np.array([1, 5]))  # 5 holds no message
+
+
+# ---------------------------------------------------------------- the narrow row (row segments of version 3)
+WIDE = [{"importance": 255}, {"importance": -1}, {"revision": 2 ** 32 - 1}, {"revision": 2 ** 40, "importance": 7},
+        {"revision": 2 ** 63 - 1, "importance": -(2 ** 63)}]
+
+
+@pytest.mark.parametrize("variant", WIDE)
+def test_a_revision_or_importance_the_narrow_row_cannot_hold_is_kept_whole(variant):
+    """Only a hand-made log has them (the store counts revisions from 1; the contract's importance is
+    0-100), yet they read back as they were: in the table, through a row segment, as a version 1 row,
+    and gone with the row."""
+    from storaged.columns import rows_from_columns
+
+    msgs = [_message(1), _message(2, **variant), _message(3, importance=254, revision=2 ** 32 - 2)]
+    t = _table_of(msgs)
+    assert [_state(t.get(m.seq)) for m in msgs] == [_state(m) for m in msgs]
+    assert list(t.wide) == [2]
+    cols = t.segment_columns(t.live_seqs())
+    loaded = MessageTable()
+    loaded.load_segments([(cols, [])], SRC)
+    assert [_state(loaded.get(m.seq)) for m in msgs] == [_state(m) for m in msgs]
+    assert rows_from_columns(cols) == [m.row() for m in msgs]
+    t.put(_message(2, revision=2))          # a narrow revision of it: the wide entry goes
+    assert not t.wide and t.get(2).revision == 2
+    t.put(_message(3, **variant))
+    t.drop(3)
+    assert not t.wide
+
+
+def test_a_value_beyond_64_bits_is_still_refused():
+    t = MessageTable()
+    for bad in ({"revision": 2 ** 64}, {"importance": 2 ** 63}, {"importance": -(2 ** 63) - 1}):
+        with pytest.raises(ValueError):
+            t.put(_message(1, **bad))
+    assert len(t) == 0 and not t.wide
+
+
+def test_ids_at_the_edges_of_128_bits():
+    """The row holds a canonical id as its number: 26 digits whose first is at most 7. The smallest and
+    largest such ids round-trip; one whose first digit is past 7 (130 bits) is an odd id, kept whole."""
+    ids = ["0" * 26, "7" + "Z" * 25, "01ARZ3NDEKTSV4RRFFQ69G5FAV", "8" + "0" * 25, "Z" * 26]
+    for mid in ids[:3]:
+        assert columns.id_text(columns.id_raw(mid)) == mid
+    t = MessageTable()
+    for seq, mid in enumerate(ids, 1):
+        t.put(_message(seq, mid))
+    assert sorted(t.odd_id.values()) == ids[3:]
+    for merged in (False, True):
+        for seq, mid in enumerate(ids, 1):
+            assert t.by_id[mid].seq == seq and t.message_id(seq) == mid
+        t.merge_keys()
+    assert t.by_id.get("0" * 25 + "1") is None
+    loaded = MessageTable()
+    loaded.load_segments([(t.segment_columns(t.live_seqs()), [])], SRC)
+    assert [loaded.message_id(seq) for seq in range(1, 6)] == ids
+    assert all(loaded.by_id[mid].seq == seq for seq, mid in enumerate(ids, 1))
+
+
+def _as_version_2(cols, texts):
+    """A version 3 segment's columns as the release before wrote them: 110-byte rows with the ids'
+    characters (zeros for an odd id) and 64-bit revision, importance and record size; ``texts``
+    (seq -> id) says what each row's id was, as version 2 rows spelled every canonical-looking one."""
+    rows = np.frombuffer(cols["rows"], columns.ROW_DTYPE)
+    seqs = np.frombuffer(cols["seqs"], "<u8").tolist()
+    old = np.zeros(len(rows), columns.ROW_DTYPE_V2)
+    for name in columns.ROW_DTYPE.names:
+        if name != "id":
+            old[name] = rows[name]
+    wide = dict(cols["wide"])
+    for i, seq in enumerate(seqs):
+        if seq in wide:
+            old["rev"][i], old["importance"][i] = wide[seq]
+    old["id"] = [texts[seq].encode("ascii") if texts[seq].isascii() and len(texts[seq]) == 26
+                 and texts[seq].upper() == texts[seq] else b"" for seq in seqs]
+    odd = [[seq, mid] for seq, mid in cols["odd_ids"] if not old["id"][seqs.index(seq)]]
+    out = {k: v for k, v in cols.items() if k != "wide"}
+    return {**out, "rows": old.tobytes(), "odd_ids": odd, "version": 2}
+
+
+def test_a_version_2_segment_is_converted_to_the_narrow_row():
+    """What the release before wrote loads as the same messages: ids from their characters (one of 26
+    valid digits past 7 becomes an odd id, as this release keeps it), revisions and importances past
+    the narrow fields into ``wide``, the id lookup built from the same keys."""
+    from storaged.columns import rows_from_columns
+
+    msgs = [_message(seq, **VARIANTS[seq % len(VARIANTS)]) for seq in range(1, 20)]
+    msgs += [_message(20, "odd-one"), _message(21, "9" + "0" * 25), _message(22, importance=300),
+             _message(23, revision=2 ** 33)]
+    t = _table_of(msgs)
+    v3 = t.segment_columns(t.live_seqs())
+    v2 = _as_version_2(v3, {m.seq: m.message_id for m in msgs})
+    assert len(v2["rows"]) == len(msgs) * columns.ROW_DTYPE_V2.itemsize and v2["odd_ids"] == [[20, "odd-one"]]
+    loaded = MessageTable()
+    loaded.load_segments([(v2, [])], SRC)
+    assert [_state(loaded.get(m.seq)) for m in msgs] == [_state(m) for m in msgs]
+    assert loaded.odd_id == {20: "odd-one", 21: "9" + "0" * 25} and set(loaded.wide) == {22, 23}
+    assert all(loaded.by_id[m.message_id].seq == m.seq for m in msgs)
+    assert rows_from_columns(v2) == rows_from_columns(v3) == [m.row() for m in msgs]

@@ -1,4 +1,4 @@
-"""Review of the message table (storaged/columns.py) and row segments of version 2: a message the
+"""Review of the message table (storaged/columns.py) and row segments of version 2 (now 3): a message the
 row cannot hold changes nothing; a damaged (but checksummed) row segment is refused at load, never
 loaded into rows that fail when read; a mapped segment with a bad tail is refused, not a BufferError."""
 from __future__ import annotations
@@ -55,7 +55,10 @@ def _damaged():
         "source generation": (_with_rows(cols, codes=(0, 5 << 24)), []),
         "tool_call_id past its bytes": (_with_rows(cols, tcid=(2, 1000 << 24 | 5)), []),
         "ext with files, no entry": ({**cols, "ext_files": []}, []),
-        "odd id, no entry": ({**cols, "odd_ids": []}, []),
+        "odd id at a seq it does not hold": ({**cols, "odd_ids": [*cols["odd_ids"], [99, "x"]]}, []),
+        "wide row, no entry": (_with_rows(cols, importance=(0, 255), rev=(0, 2 ** 32 - 1)), []),
+        "wide entry not two integers": (_with_rows({**cols, "wide": [[1, [1, "x"]]]}, importance=(0, 255)), []),
+        "wide entry not a pair": (_with_rows({**cols, "wide": [[1, 5]]}, importance=(0, 255)), []),
         "seqs repeated": ({**cols, "seqs": np.array([1, 1, 3], "<u8").tobytes()}, []),
         "negative dead seq": (cols, [-1]),
         "negative sparse seq": ({**cols, "summary": [[-1, "x"]]}, []),

@@ -12,7 +12,8 @@ import os
 import pytest
 
 from storaged.store import Store
-from tests.support.release_store import RELEASES, STORE, STORE_SNAP4, STORE_SNAP5, STORE_SNAP6, copy_store, without_event
+from tests.support.release_store import (RELEASES, STORE, STORE_ROWS2, STORE_SNAP4, STORE_SNAP5, STORE_SNAP6, copy_store,
+                                         without_event)
 
 pytestmark = pytest.mark.unit
 
@@ -173,15 +174,18 @@ def test_the_release_before_per_slot_segments_is_read_and_its_slots_carried_unti
     again.close()
 
 
-def test_the_release_before_row_columns_is_read_row_by_row_and_the_next_snapshot_writes_a_column_base(tmp_path):
-    """The release before wrote row segments of version 1 (msgpack rows): the start reads them a row at
-    a time, and the next snapshot, even one that would have been a small delta, writes a base of version
-    2 (the message table's packed rows), which the start after it loads as columns, with the same
-    messages, sessions and searches."""
+@pytest.mark.parametrize("store, version", [(STORE_SNAP6, 1), (STORE_ROWS2, 2)], ids=["rows v1", "rows v2"])
+def test_row_segments_of_an_earlier_release_are_read_and_the_next_snapshot_writes_a_current_base(tmp_path, store,
+                                                                                                  version):
+    """Two releases wrote earlier row segments: version 1 (msgpack rows, read a row at a time) and version
+    2 (110-byte packed rows, converted in numpy: the id's characters to its number, the 64-bit revision,
+    importance and record size narrowed). The start reads them, and the next snapshot, even one that
+    would have been a small delta, writes a base of the current version, which the start after it loads
+    as columns, with the same messages, sessions and searches."""
     from storaged import snapshot
 
-    d = copy_store(STORE_SNAP6, tmp_path / "d")
-    expected = RELEASES[STORE_SNAP6.name][1]
+    d = copy_store(store, tmp_path / "d")
+    expected = RELEASES[store.name][1]
 
     def versions() -> list[int]:
         out = []
@@ -190,17 +194,19 @@ def test_the_release_before_row_columns_is_read_row_by_row_and_the_next_snapshot
                 out.append(snapshot.HEAD.unpack(f.read(snapshot.HEAD.size))[1])
         return out
 
-    assert versions() and set(versions()) == {1}
+    assert versions() and set(versions()) == {version}
     first = Store.open(str(d))
     assert first.snapshot_valid and first.rows_legacy
     sessions = {sid: (list(s.seqs), s.turn_seqs, s.min_ts, s.max_ts, s.kind_counts, s.tool_calls, s.summary_seqs)
                 for sid, s in first.sessions.items()}
     hits = {w: [h.doc for h in first.search.search(w, 50)] for w in ("migration", "移行", "postgres")}
+    for m in expected["messages"]:
+        assert first.by_id[m["message_id"]].to_dict() == without_event(m)
     assert first.write_snapshot()
     first.close()
-    assert versions() == [2]
+    assert versions() == [snapshot.ROWS_VERSION]
     with snapshot.Reader(first.io, str(d / "snapshot")) as reader:
-        assert reader.columnar()
+        assert reader.columnar() and not reader.rows_outdated()
     again = Store.open(str(d))
     assert again.snapshot_valid and not again.rows_legacy and len(again.row_segments) == 1
     assert {sid: (list(s.seqs), s.turn_seqs, s.min_ts, s.max_ts, s.kind_counts, s.tool_calls, s.summary_seqs)
