@@ -38,7 +38,7 @@ class Session:
         self.seqs = array("q")             # live messages, creation order (8 bytes each, not an int object)
         self.kind_counts = [0] * len(L.MEMORY_KINDS)
         self.summary_seqs: list[int] = []  # those of them with a summary, for representative_summary
-        self.turn_seqs: list[int] = []     # those of them that are user_input events: where turns start
+        self.turn_seqs = array("q")        # those of them that are user_input events: where turns start
         self.min_ts = 0
         self.max_ts = 0
         self.tool_calls = 0
@@ -256,7 +256,7 @@ def sessions_from_table(table) -> dict[str, Session]:
         s = Session(sid)
         s.seqs.frombytes(seqs[first:ends_l[g]].tobytes())
         s.kind_counts = kind_counts[g]
-        s.turn_seqs = turn_seqs[turn_at[g]:turn_at[g + 1]].tolist()
+        s.turn_seqs.frombytes(turn_seqs[turn_at[g]:turn_at[g + 1]].tobytes())
         s.min_ts, s.max_ts = min_ts[g], max_ts[g]
         s.tool_calls, s.web_calls = tool_calls[g], web_calls[g]
         out[sid] = s

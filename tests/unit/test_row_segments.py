@@ -287,7 +287,7 @@ def test_a_row_out_of_seq_order_goes_where_a_replay_puts_it(tmp_path):
     replayed = Store.open(d)
     for st in (loaded, replayed):
         session = st.sessions["s"]
-        assert list(session.seqs) == sorted(session.seqs) and session.turn_seqs == sorted(session.turn_seqs)
+        assert list(session.seqs) == sorted(session.seqs) and list(session.turn_seqs) == sorted(session.turn_seqs)
     a, b = loaded.sessions["s"], replayed.sessions["s"]
     assert (a.seqs, a.turn_seqs, a.min_ts, a.max_ts, a.kind_counts) == (b.seqs, b.turn_seqs, b.min_ts, b.max_ts,
                                                                         b.kind_counts)
