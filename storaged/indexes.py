@@ -175,6 +175,24 @@ class TouchIndex:
         for name in self._names(msg):
             _insort(self.by_name.setdefault(name, []), msg.seq)
 
+    def load(self, entries) -> None:
+        """``add_files`` of each (seq, files) of ``entries``, in ascending seq order, into an empty
+        index: a start's, an append each (355k events with files at five million: 1.2 s through
+        ``add_files``, its set and ``insort`` a call)."""
+        by_name = self.by_name
+        for seq, files in entries:
+            if len(files) == 1:
+                path = files[0][0]
+                names = (path[path.rfind("/") + 1:],)
+            else:
+                names = {f[0][f[0].rfind("/") + 1:] for f in files}
+            for name in names:
+                seqs = by_name.get(name)
+                if seqs is None:
+                    by_name[name] = [seq]
+                else:
+                    seqs.append(seq)
+
     def add_files(self, seq: int, files) -> None:
         """The event at ``seq`` touched ``files`` (its ext's entries, path first)."""
         for name in {f[0].rsplit("/", 1)[-1] for f in files}:

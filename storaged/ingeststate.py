@@ -22,7 +22,7 @@ from typing import Any
 
 from protocol.requests import IngestHeartbeat
 
-from .packedmap import PackedMap
+from .packedmap import PackedMap, unpack
 
 # A heartbeat older than this many of its own intervals (and at least STALE_MIN_MS) is stale.
 STALE_INTERVALS = 3
@@ -48,8 +48,15 @@ class IngestState:
         self.history: dict[str, deque[tuple[int, int, int]]] = {}  # instance -> (ms, bytes_done, bytes_total)
 
     # ---------------------------------------------------------------- durable: checkpoints
-    def apply(self, source: str, key: str, value: dict[str, Any] | None, size: int) -> None:
+    def apply(self, source: str, key: str, value: dict[str, Any] | bytes | None, size: int) -> None:
+        """Set (source, key)'s checkpoint (None: forget it); ``value`` may be its msgpack bytes (a
+        version 3 row segment's tail), kept as they are."""
         ck = (source, key)
+        raw = None
+        if value.__class__ is bytes:
+            raw, value = value, unpack(value)
+            if not isinstance(value, dict):
+                raise ValueError(f"the checkpoint of {source}:{key} is not a map")
         old = self.checkpoints.pop(ck, None)
         totals = self.totals.setdefault(source, {k: 0 for k in (*_TOTAL_KEYS, "files", "last_at")})
         if old is not None:
@@ -58,7 +65,10 @@ class IngestState:
             totals["files"] -= 1
         self.live_bytes -= self.rec_sizes.pop(ck, 0)
         if value is not None:
-            self.checkpoints[ck] = value
+            if raw is None:
+                self.checkpoints[ck] = value
+            else:
+                self.checkpoints.set_packed(ck, raw, value)
             self.rec_sizes[ck] = size
             self.live_bytes += size
             for k in _TOTAL_KEYS:
@@ -71,12 +81,14 @@ class IngestState:
     def of_source(self, source: str) -> dict[str, dict[str, Any]]:
         return {key: self.checkpoints[(src, key)] for src, key in self.checkpoints if src == source}
 
-    def dump(self, keys=None) -> list[list[Any]]:
+    def dump(self, keys=None, packed: bool = False) -> list[list[Any]]:
         """[source, key, value, rec_size] of every checkpoint, or of the (source, key) pairs ``keys``
-        (a forgotten one with value None, as ``load`` applies it): what a snapshot stores."""
-        if keys is None:
-            return [[src, key, value, self.rec_sizes.get((src, key), 0)] for (src, key), value in self.checkpoints.items()]
-        return [[src, key, self.checkpoints.get((src, key)), self.rec_sizes.get((src, key), 0)] for src, key in sorted(keys)]
+        (a forgotten one with value None, as ``load`` applies it): what a snapshot stores; ``packed``:
+        each value as the msgpack bytes kept (a row segment's tail)."""
+        cps = self.checkpoints
+        get = cps.packed if packed else cps.get
+        return [[src, key, get((src, key)), self.rec_sizes.get((src, key), 0)]
+                for src, key in (cps if keys is None else sorted(keys))]
 
     def load(self, rows: list[list[Any]]) -> None:
         for src, key, value, size in rows:

@@ -52,13 +52,13 @@ class PackedMap(MutableMapping):
     def __setitem__(self, key: Any, value: Any) -> None:
         self.set_packed(key, pack(value), value)
 
-    def set_packed(self, key: Any, raw: bytes, value: Any = None) -> None:
+    def set_packed(self, key: Any, raw: bytes, value: Any = None) -> Any:
         """Store ``raw`` (the msgpack of ``value``; unpacked here when ``value`` is None and hot
-        fields are kept)."""
+        fields are kept). Returns ``value`` (None if it was not needed)."""
+        if self._hot_fields and value is None:
+            value = unpack(raw)
         self._packed[key] = raw
         if self._hot_fields:
-            if value is None:
-                value = unpack(raw)
             hot = tuple(_hot_value(value.get(f)) if isinstance(value, dict) else None for f in self._hot_fields)
             shared = self._shared.get(hot)
             if shared is None:
@@ -66,6 +66,7 @@ class PackedMap(MutableMapping):
                 if len(self._shared) < _HOT_SHARED_MAX:
                     self._shared[hot] = hot
             self._hot[key] = shared
+        return value
 
     def __delitem__(self, key: Any) -> None:
         del self._packed[key]

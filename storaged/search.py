@@ -65,6 +65,7 @@ import time
 from array import array
 from bisect import bisect_left, insort
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress, repeat
 from operator import and_, itemgetter
@@ -72,7 +73,8 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from storaged.segment import Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name, write as segment_write
+from storaged.fileio import FileIO
+from storaged.segment import Segment, SegmentInvalid, body_crcs, is_index_segment_name, new_name as new_segment_name, write as segment_write
 from storaged.tokenize import index_terms, query_runs
 
 __all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex", "SegmentPlan"]
@@ -989,6 +991,24 @@ class SegmentPlan(NamedTuple):
     name: str
     slot_lo: int
     slot_hi: int
+
+
+def start_segment_checks(dump: Any, directory: str, io) -> Future | None:
+    """Begin checking the segments a dump names (``segment.body_crcs``) on other threads: a start
+    reads its row segments meanwhile, and ``SearchIndex.load`` takes the result (``crcs``). None when
+    the dump names none (or is not one: ``load`` says what is wrong with it)."""
+    try:
+        paths = [os.path.join(directory, name) for name, _, _ in dump.get("segments", [])
+                 if isinstance(name, str) and is_index_segment_name(name) and os.sep not in name]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if not paths:
+        return None
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-check")
+    try:
+        return pool.submit(body_crcs, io or FileIO(), paths)
+    finally:
+        pool.shutdown(wait=False)
 
 
 class SearchIndex:
@@ -2216,34 +2236,41 @@ class SearchIndex:
         return out
 
     @classmethod
-    def load(cls, data: dict[str, Any], directory: str | None = None, io=None, verify: bool = True) -> "SearchIndex":
+    def load(cls, data: dict[str, Any], directory: str | None = None, io=None, verify: bool = True,
+             crcs: dict[str, Any] | None = None) -> "SearchIndex":
         """The index a dump describes, its segments mapped from ``directory`` (``verify`` False: not
         checked against their CRCs, for segments a child of this process has just written).  Raises ValueError
         on anything that is not a dump of a readable format, or whose segments are missing or do
-        not fit it (SegmentInvalid), DumpOutdated if it is one of an earlier tokenizer."""
+        not fit it (SegmentInvalid), DumpOutdated if it is one of an earlier tokenizer. ``crcs``: the
+        segments' body CRCs by path, as ``start_segment_checks`` computed them."""
         if isinstance(data, dict) and data.get("format") in _OUTDATED_FORMATS:
             raise DumpOutdated(f"search index dump {data['format']} holds another tokenizer's terms")
         if not isinstance(data, dict) or data.get("format") not in _READABLE_FORMATS:
             raise ValueError("not a search index dump")
         try:
             self = cls._load(data)
-            self._open_segments(data.get("segments", []), data.get("mem_lo", 0), directory, io, verify)
+            self._open_segments(data.get("segments", []), data.get("mem_lo", 0), directory, io, verify, crcs)
             if data["format"] == _FORMAT:
                 self._load_per_slot(data)
             return self
         except (KeyError, TypeError, IndexError, AttributeError, OverflowError, UnicodeError) as exc:
             raise ValueError(f"corrupt search index dump ({type(exc).__name__})") from None
 
-    def _open_segments(self, listed: list, mem_lo: int, directory: str | None, io, verify: bool = True) -> None:
+    def _open_segments(self, listed: list, mem_lo: int, directory: str | None, io, verify: bool = True,
+                       crcs: dict[str, Any] | None = None) -> None:
         """Map the dump's segments: each must exist, be whole, and cover the slots the dump says,
         one after the other from slot 0 up to ``mem_lo``, where the dump's own lists begin."""
         if listed and directory is None:
             raise SegmentInvalid("the dump names segments but no directory to find them in")
         at = 0
-        for name, lo, hi in listed:
+        for name, _, _ in listed:
             if not isinstance(name, str) or not is_index_segment_name(name) or os.sep in name:
                 raise SegmentInvalid(f"not a segment name: {name!r}")
-            seg = Segment(os.path.join(directory, name), io, verify)
+        paths = [os.path.join(directory, name) for name, _, _ in listed]
+        if crcs is None:
+            crcs = body_crcs(io or FileIO(), paths) if verify else {}
+        for (name, lo, hi), path in zip(listed, paths):
+            seg = Segment(path, io, verify, crcs.get(path))
             if (seg.slot_lo, seg.slot_hi) != (lo, hi) or lo != at:
                 raise SegmentInvalid(f"segment {name} does not cover the slots the snapshot says")
             self._parts.append(seg)

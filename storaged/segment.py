@@ -166,6 +166,45 @@ def _file_crc(io: FileIO, path: str, start: int, end: int) -> int:
         io.close(fd)
 
 
+# A start checks every segment it maps (gigabytes at millions of events): pread and zlib.crc32 let go of
+# the GIL, so the files are checked on this many threads at once (body_crcs), one a core
+CRC_THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
+def _body_crc(io: FileIO, path: str) -> int | None:
+    """CRC-32 of a segment's body (after its header), or None when its head is not one this release
+    reads (``Segment`` then says what is wrong with it)."""
+    fd = io.open_read(path)
+    try:
+        head = io.pread(fd, HEAD.size, 0)
+        size = os.fstat(fd).st_size
+    finally:
+        io.close(fd)
+    if len(head) < HEAD.size:
+        return None
+    version = HEAD.unpack_from(head, 0)[1]
+    if version not in HEADER_SIZE or size < HEADER_SIZE[version]:
+        return None
+    return _file_crc(io, path, HEADER_SIZE[version], size)
+
+
+def body_crcs(io: FileIO, paths: Sequence[str]) -> dict[str, int | None | OSError]:
+    """Each segment's body CRC (``_body_crc``; an OSError as the value when one cannot be read),
+    computed on up to CRC_THREADS threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(path: str) -> int | None | OSError:
+        try:
+            return _body_crc(io, path)
+        except OSError as exc:
+            return exc
+
+    if len(paths) < 2 or CRC_THREADS < 2:
+        return {p: one(p) for p in paths}
+    with ThreadPoolExecutor(max_workers=min(CRC_THREADS, len(paths)), thread_name_prefix="segment-crc") as pool:
+        return dict(zip(paths, pool.map(one, paths)))
+
+
 class Segment:
     """One segment file, mapped. Term lookups are binary searches in the sorted term table; the
     postings come back as memoryviews of the mapping (a one-posting list as a bare int, as the
@@ -175,10 +214,11 @@ class Segment:
                  "_toff", "_tbytes", "_char_cp", "_char_term", "_poff", "_slots", "_keys", "_maxtf", "_slot_doc", "_lens",
                  "_samples", "_sampling")
 
-    def __init__(self, path: str, io: FileIO | None = None, verify: bool = True) -> None:
+    def __init__(self, path: str, io: FileIO | None = None, verify: bool = True,
+                 body_crc: int | None | OSError = None) -> None:
         """``verify=False`` skips the CRC (reading the whole file): for a segment this process or its
         snapshot child has just written and fsynced, adopted on the request loop's thread; every
-        start checks it."""
+        start checks it. ``body_crc``: the body's CRC as ``body_crcs`` computed it (on another thread)."""
         io = io or FileIO()
         self.path = path
         self.name = os.path.basename(path)
@@ -200,7 +240,10 @@ class Segment:
         sec = SECTIONS[version].unpack_from(buf, HEAD.size)
         (crc,) = CRC.unpack_from(buf, header_size - CRC.size)
         try:
-            body_crc = _file_crc(io, path, header_size, self.size) if verify else None
+            if isinstance(body_crc, OSError):
+                raise body_crc
+            if verify and body_crc is None:
+                body_crc = _file_crc(io, path, header_size, self.size)
         except OSError as exc:  # an unreadable segment makes the snapshot unusable, not the start impossible
             raise SegmentInvalid(f"segment {self.name} cannot be read ({exc.strerror or exc})") from None
         if verify and zlib.crc32(bytes(buf[:header_size - CRC.size]), body_crc) != crc:

@@ -22,12 +22,12 @@ import itertools
 import os
 import struct
 import zlib
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import msgpack
 import numpy as np
 
-from . import layout
+from . import layout, packedmap
 from .fileio import FileIO, Paced
 from .segment import is_rows_segment_name, new_name as new_segment_name
 
@@ -148,6 +148,11 @@ def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[
     return count
 
 
+def _packed(value: Any) -> bytes:
+    """A tail value as msgpack bytes (PackedMap's form; bytes given are taken as packed already)."""
+    return value if value.__class__ is bytes else packedmap.pack(value)
+
+
 def write_row_columns(io: FileIO, path: str, columns: dict[str, Any], dead: Iterable[int],
                       session_meta: Iterable[list[Any]] = (), checkpoints: Iterable[list[Any]] = ()) -> int:
     """Write and fsync a row segment of the current version at ``path``: the rows ``MessageTable.segment_columns``
@@ -159,6 +164,10 @@ def write_row_columns(io: FileIO, path: str, columns: dict[str, Any], dead: Iter
     to back, so a reader maps them in place; ``tail`` as in version 1."""
     packer = msgpack.Packer(use_bin_type=True)
     count = len(columns["seqs"]) // 8
+    # the tail's values as msgpack bytes (version 3): a start keeps them packed (storaged/packedmap.py)
+    # instead of building a dict of each to pack it again
+    session_meta = [[sid, _packed(fields), size] for sid, fields, size in session_meta]
+    checkpoints = [[src, key, None if value is None else _packed(value), size] for src, key, value, size in checkpoints]
     head = {key: value for key, value in columns.items() if key not in _COLUMN_SECTIONS}
     head.update({f"{name}_bytes": len(columns[name]) for name in _COLUMN_SECTIONS})
 
@@ -238,9 +247,11 @@ class Reader:
     time, the garbage of each is reused by the next. The files are mapped, not copied into an
     Unpacker's buffer. Every row segment the manifest names is opened and verified here, before any
     row is read, so a missing or damaged one makes the whole snapshot invalid up front. Close it
-    (or use ``with``) when done."""
+    (or use ``with``) when done. ``on_dump``: called with the search index's dump as soon as it is
+    read, before the row segments are (Store starts checking the index segments it names then, on
+    other threads, while this one reads the rows)."""
 
-    def __init__(self, io: FileIO, path: str) -> None:
+    def __init__(self, io: FileIO, path: str, on_dump: Callable[[Any], None] | None = None) -> None:
         self._file = _Framed(io, path, MAGIC)
         self.segments: list[_RowSegment] = []
         try:
@@ -250,6 +261,8 @@ class Reader:
             for _ in range(self.meta["chunks"]):
                 unpacker.skip()
             self.search_dump: Any = unpacker.unpack()
+            if on_dump is not None:
+                on_dump(self.search_dump)
             # [[name, rows, dead], ...] oldest first (a base, then deltas); None: the rows are inline
             self.row_segments: list[list[Any]] | None = None
             if self._file.version >= 6 and not self.meta["chunks"] and "rows" in self.meta:

@@ -46,7 +46,7 @@ from .indexes import IndexSizes, RelationIndex, Session, TouchIndex, sessions_fr
 from .ingeststate import IngestState
 from .model import Message, message_from_args
 from .packedmap import PackedMap
-from .search import DumpOutdated, SearchIndex, SegmentPlan
+from .search import DumpOutdated, SearchIndex, SegmentPlan, start_segment_checks
 from .segment import Segment, is_segment_name, new_name as new_segment_name
 from .sessionorder import SessionOrder
 from .text import LogText, locate
@@ -344,12 +344,15 @@ class Store:
 
     def _load_snapshot(self, salt: bytes, log_size: int) -> int:
         reader = None
+        checks: list = []   # the index segments' CRCs, computed on other threads while the rows are read
         try:
-            reader = snapshot.Reader(self.io, self.snapshot_path)
+            reader = snapshot.Reader(self.io, self.snapshot_path,
+                                     lambda dump: checks.append(start_segment_checks(dump, self.dir, self.io)))
             meta = reader.meta
             if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
-            self._index = SearchIndex.load(reader.search_dump, self.dir, self.io)
+            crcs = checks[0].result() if checks and checks[0] is not None else None
+            self._index = SearchIndex.load(reader.search_dump, self.dir, self.io, crcs=crcs)
             reader.search_dump = None
             self.row_segments = reader.row_segments
             self.rows_tracked = reader.row_segments is not None
@@ -406,7 +409,12 @@ class Store:
         self._load_rids(meta["rids"])
         for sid, fields, size in reader.session_meta():  # a later one of a sid (a delta's) replaces it
             self.meta_bytes += size - self.meta_rec_sizes.get(sid, 0)
-            self.session_meta[sid] = fields
+            if fields.__class__ is bytes:   # a version 3 tail's: kept as it is, never a dict in between
+                fields = self.session_meta.set_packed(sid, fields)
+            else:
+                self.session_meta[sid] = fields
+            if not isinstance(fields, dict):
+                raise ValueError(f"the snapshot's metadata of session {sid!r} is not a map")
             self.meta_rec_sizes[sid] = size
         self.ingest.load(reader.checkpoints())
         self.unindexed.extend(meta.get("unindexed", ()))
@@ -621,8 +629,8 @@ class Store:
             self.session_keys[session_digest(sid)] = sid
         for seq in sorted(table.relations):
             self.relations.add_edges(table.message_id(seq), table.relations[seq])
-        for seq in sorted(table.ext_files):
-            self.touches.add_files(seq, table.ext_files[seq][3])
+        ext_files = table.ext_files
+        self.touches.load((seq, ext_files[seq][3]) for seq in sorted(ext_files))
         self.live_bytes += int(table.column("rec_size", table.live_seqs()).sum())
         self.session_order.invalidate()
         self.sessions_version += 1
@@ -1010,12 +1018,12 @@ class Store:
         return reply
 
     # ------------------------------------------------------------------ snapshot and health
-    def session_meta_entries(self, sids: Iterable[str] | None = None) -> list[list[Any]]:
-        """[sid, fields, rec_size] of the sessions ``sids`` (None: all) that have metadata."""
+    def session_meta_entries(self, sids: Iterable[str] | None = None, packed: bool = False) -> list[list[Any]]:
+        """[sid, fields, rec_size] of the sessions ``sids`` (None: all) that have metadata; ``packed``:
+        fields as the msgpack bytes kept (a row segment's tail: snapshot.write_row_columns)."""
         metas, sizes = self.session_meta, self.meta_rec_sizes
-        if sids is None:
-            return [[sid, fields, sizes.get(sid, 0)] for sid, fields in metas.items()]
-        return [[sid, metas[sid], sizes.get(sid, 0)] for sid in sorted(sids) if sid in metas]
+        get = metas.packed if packed else metas.__getitem__
+        return [[sid, get(sid), sizes.get(sid, 0)] for sid in (metas if sids is None else sorted(sids)) if sid in metas]
 
     def snapshot_meta(self, salt: bytes, log_pos: int, extras: bool = True) -> dict[str, Any]:
         """The snapshot's ``meta``; ``extras``: with the session metadata and checkpoints (a snapshot
@@ -1105,10 +1113,11 @@ class Store:
             path = os.path.join(self.dir, plan.rows_name)
             if plan.rows_base:
                 columns = self.table.segment_columns(self.table.live_seqs())
-                metas, checkpoints = self.session_meta_entries(), self.ingest.dump()
+                metas, checkpoints = self.session_meta_entries(packed=True), self.ingest.dump(packed=True)
             else:
                 columns = self.table.segment_columns(np.asarray(plan.rows_seqs, np.int64))
-                metas, checkpoints = self.session_meta_entries(plan.metas), self.ingest.dump(plan.checkpoints)
+                metas = self.session_meta_entries(plan.metas, packed=True)
+                checkpoints = self.ingest.dump(plan.checkpoints, packed=True)
             try:
                 snapshot.write_row_columns(self.io, path, columns, plan.rows_dead, metas, checkpoints)
                 self.io.sync_dir(self.dir)

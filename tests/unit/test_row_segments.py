@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import msgpack
 import pytest
 
 from tests.support.faultio import delete, full_history, live_state, search, update, write
@@ -392,7 +393,10 @@ def test_session_metadata_and_checkpoints_go_in_the_row_segments_changed_ones_in
     assert s.write_snapshot()
     delta = tail_of(d, s.row_segments[1][0])
     assert sorted(m[0] for m in delta["session_meta"]) == ["codex:s1", "codex:s9"]
-    assert [(c[1], c[2]) for c in delta["checkpoints"]] == [("/f1.jsonl", {"offset": 10}), ("/f2.jsonl", None)]
+    # the values as msgpack bytes (version 3: a start keeps them packed, builds no dict of each)
+    assert [(c[1], c[2]) for c in delta["checkpoints"]] == [("/f1.jsonl", msgpack.packb({"offset": 10})),
+                                                            ("/f2.jsonl", None)]
+    assert all(m[1].__class__ is bytes and msgpack.unpackb(m[1])["harness"] for m in delta["session_meta"])
     # nothing but a checkpoint changed: a delta of no rows still carries it
     args = {"checkpoints": [{"source": "codex", "key": "/f3.jsonl", "value": {"offset": 99}}]}
     from protocol import wire
@@ -440,3 +444,31 @@ def test_a_row_segment_whose_head_lacks_a_section_is_refused_and_closed(tmp_path
         snapshot.write_row_columns(FileIO(), path, head, [])
     with pytest.raises(snapshot.SnapshotInvalid):
         snapshot._RowSegment(FileIO(), path)
+
+
+@pytest.mark.parametrize("where", ["session_meta", "checkpoints"])
+def test_a_packed_tail_value_that_is_not_a_map_makes_the_snapshot_unusable(tmp_path, where):
+    """A version 3 tail keeps each session's metadata and each checkpoint as msgpack bytes, stored as
+    they are. Bytes that are not a map (a bug, or damage the checksum missed) are refused at the start,
+    which replays the log instead: the state is the log's, never a value that fails when read."""
+    d = str(tmp_path)
+    s = Store.open(d)
+    for n in range(3):
+        _ingest(s, n, f"codex:s{n}", f"/f{n}.jsonl", {"offset": n})
+    assert s.write_snapshot()
+    state, before = _meta_state(s), everything(s)
+    name = s.row_segments[0][0]
+    metas, checkpoints = s.session_meta_entries(packed=True), s.ingest.dump(packed=True)
+    if where == "session_meta":
+        metas[0][1] = msgpack.packb(["not", "a", "map"])
+    else:
+        checkpoints[0][2] = msgpack.packb(7)
+    columns = s.table.segment_columns(s.table.live_seqs())
+    s.close()
+    path = os.path.join(d, name)
+    os.remove(path)
+    snapshot.write_row_columns(FileIO(), path, columns, (), metas, checkpoints)
+    again = Store.open(d)
+    assert not again.snapshot_valid
+    assert _meta_state(again) == state and everything(again) == before
+    again.close()
