@@ -20,7 +20,7 @@ from .errors import invalid
 
 # a ULID in Crockford base32 upper case (no I, L, O, U), its first character at most 7 (48-bit time);
 # \Z, not $: "$" would also match before a trailing newline
-_ULID_RE = re.compile(rf"[0-7][0-9A-HJKMNP-TV-Z]{{{L.ULID_LEN - 1}}}\Z")
+ULID_RE = re.compile(rf"[0-7][0-9A-HJKMNP-TV-Z]{{{L.ULID_LEN - 1}}}\Z")
 _SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 _MISSING = object()
 
@@ -41,7 +41,7 @@ def _name(key: Any) -> str:
 
 def is_ulid(value: Any) -> bool:
     # ASCII first: str.upper() maps some other characters onto base32 letters ("ß" -> "SS", "ſ" -> "S")
-    return isinstance(value, str) and value.isascii() and _ULID_RE.fullmatch(value.upper()) is not None
+    return isinstance(value, str) and value.isascii() and ULID_RE.fullmatch(value.upper()) is not None
 
 
 def canonical_ulid(value: Any, field: str) -> str:

@@ -22,7 +22,6 @@ event-type byte is the one live flag: 0 at a seq with no live message (whatever 
 from __future__ import annotations
 
 import bisect
-import re
 import struct
 import sys
 from collections.abc import Iterator, Mapping
@@ -33,6 +32,7 @@ import numpy as np
 
 from protocol import limits as L
 from protocol.history import EVENT_TYPES
+from protocol.validation import ULID_RE
 
 from .model import Message, ext_key, shared_ext_from, shared_tags
 from .text import TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, location_from_parts, location_parts
@@ -47,10 +47,10 @@ _TIER_CODE = {t: i for i, t in enumerate(_TIERS)}
 _KINDS = tuple(L.MEMORY_KINDS)
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 
-ID_BYTES = 26                       # a canonical ULID's characters
+ID_BYTES = L.ULID_LEN               # a canonical ULID's characters
 ID_RAW = 16                         # ... as a row holds them: the 128-bit number, big-endian
-# a canonical ULID: 26 Crockford digits, the first at most 7 (130 bits: the top two are zero)
-_CANONICAL = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
+# a canonical ULID is one ULID_RE matches exactly as written (upper case): 26 Crockford digits, the
+# first at most 7 (130 bits, the top two zero); any other id is kept as it is, an odd id
 _KEY_CHARS = 12                     # the id's last 12 characters: 60 random bits, the lookup key
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _TO_INT32 = str.maketrans(_CROCKFORD, "0123456789abcdefghijklmnopqrstuv")
@@ -271,7 +271,7 @@ class MessageTable:
              rec_size: int, src: LogText) -> None:
         if loc.__class__ is not int:
             raise ValueError("a message's text must be stored before the table holds it")
-        canonical = len(mid) == ID_BYTES and _CANONICAL.match(mid)
+        canonical = len(mid) == ID_BYTES and ULID_RE.fullmatch(mid)
         raw = id_raw(mid) if canonical else b""
         wide = not (0 <= rev < _REV_WIDE and 0 <= importance < _IMP_WIDE)
         if wide and not (_I64_MIN <= rev < _I64_END and _I64_MIN <= importance < _I64_END):
@@ -423,7 +423,7 @@ class MessageTable:
         seq = self.recent.get(mid)
         if seq is not None:
             return seq
-        if len(mid) != ID_BYTES or not _CANONICAL.match(mid):
+        if len(mid) != ID_BYTES or not ULID_RE.fullmatch(mid):
             return self.odd_seq.get(mid)
         keys = self._keys_view
         key = id_key(mid)

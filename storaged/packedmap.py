@@ -38,13 +38,11 @@ class PackedMap(MutableMapping):
 
     __slots__ = ("_packed", "_hot", "_hot_fields", "_shared")
 
-    def __init__(self, hot_fields: tuple[str, ...] = (), items: Any = ()) -> None:
+    def __init__(self, hot_fields: tuple[str, ...] = ()) -> None:
         self._packed: dict[Any, bytes] = {}
         self._hot: dict[Any, tuple] = {}
         self._hot_fields = hot_fields
         self._shared: dict[tuple, tuple] = {}
-        for key, value in (items.items() if hasattr(items, "items") else items):
-            self[key] = value
 
     def __getitem__(self, key: Any) -> Any:
         return unpack(self._packed[key])
@@ -104,10 +102,6 @@ class PackedMap(MutableMapping):
     def hot(self, key: Any) -> tuple:
         """The hot fields' values of ``key`` (Nones when it is absent or lacks them)."""
         return self._hot.get(key) or (None,) * len(self._hot_fields)
-
-    def nbytes(self) -> int:
-        """The packed values' bytes (what the values cost, less the objects' headers)."""
-        return sum(len(v) for v in self._packed.values())
 
 
 def _hot_value(v: Any) -> Any:

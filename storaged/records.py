@@ -163,7 +163,8 @@ def check_message(f: Any) -> str | None:
         return "message has an unknown role, tier or kind"
     if not (0 <= f[SEQ] <= _I64_MAX and _I64_MIN <= f[TIMESTAMP] <= _I64_MAX and _I64_MIN <= f[UPDATED_AT] <= _I64_MAX
             and _I64_MIN <= f[REVISION] <= _I64_MAX and _I64_MIN <= f[IMPORTANCE] <= _I64_MAX):
-        # the message table holds these as 64-bit ints (storaged/columns.py); no validated request
+        # the message table holds them in 64 bits at most (storaged/columns.py: revision and importance in
+        # narrower fields, or whole in its ``wide`` dict); no validated request
         # comes near (times are below 2^48, importance 0-100)
         return "message has a sequence number, time, revision or importance beyond 64 bits"
     if f[TAGS_FIELD] and not _strs(f[TAGS_FIELD]):

@@ -65,7 +65,7 @@ import time
 from array import array
 from bisect import bisect_left, insort
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress, repeat
 from operator import and_, itemgetter
@@ -74,7 +74,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from storaged.fileio import FileIO
-from storaged.segment import Segment, SegmentInvalid, body_crcs, is_index_segment_name, new_name as new_segment_name, write as segment_write
+from storaged.segment import Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name, start_body_crcs, write as segment_write
 from storaged.tokenize import index_terms, query_runs
 
 __all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex", "SegmentPlan"]
@@ -993,22 +993,22 @@ class SegmentPlan(NamedTuple):
     slot_hi: int
 
 
-def start_segment_checks(dump: Any, directory: str, io) -> Future | None:
-    """Begin checking the segments a dump names (``segment.body_crcs``) on other threads: a start
-    reads its row segments meanwhile, and ``SearchIndex.load`` takes the result (``crcs``). None when
-    the dump names none (or is not one: ``load`` says what is wrong with it)."""
+def _segment_path(directory: str, name: Any) -> str | None:
+    """Where a dump's segment ``name`` lies, or None when it is not a plain segment name."""
+    if not isinstance(name, str) or not is_index_segment_name(name) or os.sep in name:
+        return None
+    return os.path.join(directory, name)
+
+
+def start_segment_checks(dump: Any, directory: str, io) -> dict[str, Future] | None:
+    """Begin checking the segments a dump names (``segment.start_body_crcs``) on other threads: a start
+    reads its row segments meanwhile, and ``SearchIndex.load`` takes the futures (``crcs``). None when
+    the dump is not one (``load`` says what is wrong with it)."""
     try:
-        paths = [os.path.join(directory, name) for name, _, _ in dump.get("segments", [])
-                 if isinstance(name, str) and is_index_segment_name(name) and os.sep not in name]
+        paths = [_segment_path(directory, name) for name, _, _ in dump.get("segments", [])]
     except (AttributeError, TypeError, ValueError):
         return None
-    if not paths:
-        return None
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-check")
-    try:
-        return pool.submit(body_crcs, io or FileIO(), paths)
-    finally:
-        pool.shutdown(wait=False)
+    return start_body_crcs(io or FileIO(), [p for p in paths if p is not None])
 
 
 class SearchIndex:
@@ -2242,7 +2242,7 @@ class SearchIndex:
         checked against their CRCs, for segments a child of this process has just written).  Raises ValueError
         on anything that is not a dump of a readable format, or whose segments are missing or do
         not fit it (SegmentInvalid), DumpOutdated if it is one of an earlier tokenizer. ``crcs``: the
-        segments' body CRCs by path, as ``start_segment_checks`` computed them."""
+        segments' body CRCs by path, as futures (``start_segment_checks``)."""
         if isinstance(data, dict) and data.get("format") in _OUTDATED_FORMATS:
             raise DumpOutdated(f"search index dump {data['format']} holds another tokenizer's terms")
         if not isinstance(data, dict) or data.get("format") not in _READABLE_FORMATS:
@@ -2263,14 +2263,15 @@ class SearchIndex:
         if listed and directory is None:
             raise SegmentInvalid("the dump names segments but no directory to find them in")
         at = 0
-        for name, _, _ in listed:
-            if not isinstance(name, str) or not is_index_segment_name(name) or os.sep in name:
+        paths = [_segment_path(directory, name) for name, _, _ in listed]
+        for (name, _, _), path in zip(listed, paths):
+            if path is None:
                 raise SegmentInvalid(f"not a segment name: {name!r}")
-        paths = [os.path.join(directory, name) for name, _, _ in listed]
         if crcs is None:
-            crcs = body_crcs(io or FileIO(), paths) if verify else {}
+            crcs = start_body_crcs(io or FileIO(), paths) if verify else {}
         for (name, lo, hi), path in zip(listed, paths):
-            seg = Segment(path, io, verify, crcs.get(path))
+            check = crcs.get(path)
+            seg = Segment(path, io, verify, None if check is None else check.result())
             if (seg.slot_lo, seg.slot_hi) != (lo, hi) or lo != at:
                 raise SegmentInvalid(f"segment {name} does not cover the slots the snapshot says")
             self._parts.append(seg)

@@ -40,6 +40,7 @@ import struct
 import sys
 import zlib
 from bisect import bisect_left
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -167,7 +168,7 @@ def _file_crc(io: FileIO, path: str, start: int, end: int) -> int:
 
 
 # A start checks every segment it maps (gigabytes at millions of events): pread and zlib.crc32 let go of
-# the GIL, so the files are checked on this many threads at once (body_crcs), one a core
+# the GIL, so the files are checked on this many threads at once (start_body_crcs), one a core
 CRC_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
@@ -188,10 +189,9 @@ def _body_crc(io: FileIO, path: str) -> int | None:
     return _file_crc(io, path, HEADER_SIZE[version], size)
 
 
-def body_crcs(io: FileIO, paths: Sequence[str]) -> dict[str, int | None | OSError]:
-    """Each segment's body CRC (``_body_crc``; an OSError as the value when one cannot be read),
-    computed on up to CRC_THREADS threads."""
-    from concurrent.futures import ThreadPoolExecutor
+def start_body_crcs(io: FileIO, paths: Sequence[str]) -> dict[str, Future]:
+    """Begin each segment's body CRC (``_body_crc``) on up to CRC_THREADS threads; each future's
+    result is the CRC, None (a head this release does not read) or the OSError that stopped it."""
 
     def one(path: str) -> int | None | OSError:
         try:
@@ -199,10 +199,13 @@ def body_crcs(io: FileIO, paths: Sequence[str]) -> dict[str, int | None | OSErro
         except OSError as exc:
             return exc
 
-    if len(paths) < 2 or CRC_THREADS < 2:
-        return {p: one(p) for p in paths}
-    with ThreadPoolExecutor(max_workers=min(CRC_THREADS, len(paths)), thread_name_prefix="segment-crc") as pool:
-        return dict(zip(paths, pool.map(one, paths)))
+    if not paths:
+        return {}
+    pool = ThreadPoolExecutor(max_workers=min(CRC_THREADS, len(paths)), thread_name_prefix="segment-crc")
+    try:
+        return {path: pool.submit(one, path) for path in paths}
+    finally:
+        pool.shutdown(wait=False)   # the threads end with their work; the caller waits on the futures
 
 
 class Segment:
@@ -218,7 +221,7 @@ class Segment:
                  body_crc: int | None | OSError = None) -> None:
         """``verify=False`` skips the CRC (reading the whole file): for a segment this process or its
         snapshot child has just written and fsynced, adopted on the request loop's thread; every
-        start checks it. ``body_crc``: the body's CRC as ``body_crcs`` computed it (on another thread)."""
+        start checks it. ``body_crc``: the body's CRC as ``start_body_crcs`` computed it (on another thread)."""
         io = io or FileIO()
         self.path = path
         self.name = os.path.basename(path)

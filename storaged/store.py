@@ -351,8 +351,7 @@ class Store:
             meta = reader.meta
             if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
-            crcs = checks[0].result() if checks and checks[0] is not None else None
-            self._index = SearchIndex.load(reader.search_dump, self.dir, self.io, crcs=crcs)
+            self._index = SearchIndex.load(reader.search_dump, self.dir, self.io, crcs=checks[0] if checks else None)
             reader.search_dump = None
             self.row_segments = reader.row_segments
             self.rows_tracked = reader.row_segments is not None
