@@ -28,7 +28,10 @@ def test_crash_after_background_snapshot_replays_only_the_tail(tmp_path):
         d.start()
         with d.client() as c:
             acked = {c.write(f"s{i % 7}", f"message {i} ünïcödé 日本語")["message_id"] for i in range(EVERY + 50)}
-            _wait(lambda: c.health()["snapshot_size"] > 0)  # the child wrote it, the loop installed it
+            # the child wrote it and put it in place, and the loop installed it: only then does the size
+            # count the segments it names (the file alone is there from the child's rename on)
+            _wait(lambda: c.health()["snapshot_size"] > (os.path.getsize(data / "snapshot")
+                                                         if os.path.exists(data / "snapshot") else 0))
             snap_bytes = c.health()["snapshot_size"]
             acked |= {c.write("tail", f"after the snapshot {i}")["message_id"] for i in range(40)}
             # the snapshot file and the index and row segments it names
