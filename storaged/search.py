@@ -34,6 +34,15 @@ scanned, probe steps; a filter that rejects nearly everything: filter calls; man
 CJK runs: expansion postings).  Then the docs returned may not be the exact top-k, but their
 scores are; SearchIndex.search says which queries are guaranteed exact.
 
+Block-max pruning (the window kernel, SearchIndex._pool_windows): an unfiltered query of at least
+_WINDOW_MIN_POSTINGS postings is not summed whole.  The slots are cut into windows of 64; a segment
+keeps, for each of its long lists, the list's highest impact and postings in each window, so a query
+knows, per window, the most its lists together can add to one doc there.  Windows are scored best
+bound first, a round at a time, and the search stops when no window left can reach the pool's worst
+score: the array kernel's pool and scores to the bit, from a few percent of the postings on the
+queries that matter (a common word beside a rarer one).  A query whose windows all stay in the
+running is handed to the array kernel.
+
 CJK: a query run's bigrams are OR-ed terms; in addition, a doc whose field holds every bigram of a
 run (the phrase, or all its pieces) gets a bonus equal to the most any doc could score from those
 bigrams in that field, so in that field it ranks above every doc holding only some of them.  A
@@ -66,6 +75,7 @@ from array import array
 from bisect import bisect_left, insort
 from collections import Counter
 from concurrent.futures import Future
+from functools import lru_cache
 from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress, repeat
 from operator import and_, itemgetter
@@ -74,7 +84,8 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from storaged.fileio import FileIO
-from storaged.segment import Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name, start_body_crcs, write as segment_write
+from storaged.segment import (Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name, start_body_crcs,
+                              window_range as segment_window_range, write as segment_write)
 from storaged.tokenize import index_terms, query_runs
 
 __all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex", "SegmentPlan"]
@@ -121,6 +132,18 @@ _ACCEPT_BUDGET = _SCAN_BUDGET  # >= the docs any query within the scan budget ca
 # corpus (bench.scale's 400 queries, in-process) p95/p99/max 127/294/403 ms with MaxScore above 100k
 # postings, 13/21/56 ms with the kernel up to 4M; its transient arrays are ~14 bytes a posting.
 _ARRAY_POSTINGS = 4_000_000
+# Window bounds (block-max pruning): a segment keeps, for each list of at least _BOUND_MIN postings,
+# its highest impact in each window of 2**_WINDOW_SHIFT slots. An unfiltered query of at least
+# _WINDOW_MIN_POSTINGS postings is then scored a few windows at a time, best bound first, and stops at
+# the first window whose bound cannot reach its best docs (SearchIndex._pool_windows): the same pool
+# and scores as the array kernel, without reading most of the long lists (bench/SPIKES.md part 10).
+_WINDOW_SHIFT = 6
+_BOUND_MIN = 1024
+_BOUND_DENSITY = 2
+_WINDOW_MIN_POSTINGS = 1 << 17
+_WINDOW_FIRST = 1024  # windows scored in the first round; each later round four times more
+_WINDOW_GIVE_UP = 0.5  # ... unless the windows still in the running hold more than this share of the postings
+_BOUND_CHUNK = 1 << 22  # postings a segment writer turns into bounds at once (its transient arrays)
 # Its accumulator is a float per slot (np.bincount, O(slots)) unless the index has more slots than
 # 8 per posting plus this many; then the postings are sorted instead (np.unique, O(P log P)).
 _DENSE_SLOTS = 65536
@@ -219,6 +242,76 @@ _SIZEOF_ARRAY = sys.getsizeof(array("I"))
 _SIZEOF_FLOAT = sys.getsizeof(1.5)
 
 
+def _impact_table(q: float, rows: int = 1 << _TF_BITS) -> list[float]:
+    """Impact by key (tf bucket << _DL_BITS | length bucket): BM25's tf part at average length q,
+    for the first ``rows`` tf buckets, zeros for the rest."""
+    c0 = K1 * (1.0 - B)
+    c1 = K1 * B / q
+    k1p = K1 + 1.0
+    t = []
+    for tf in _TF_REP[:rows]:
+        num = tf * k1p
+        base = tf + c0
+        t.extend([num / (base + c1 * dl) for dl in _DL_REP])
+    t.extend([0.0] * ((len(_TF_REP) - rows) << _DL_BITS))
+    return t
+
+
+@lru_cache(maxsize=64)
+def _drift(q_then: float, q_now: float) -> float:
+    """The most any impact at average length q_now exceeds the same key's at q_then (>= 1): a window
+    bound a segment wrote at q_then, times this, bounds the window at q_now."""
+    if q_then == q_now:
+        return 1.0
+    then = np.array(_impact_table(q_then))
+    now = np.array(_impact_table(q_now))
+    return max(1.0, float(np.max(now / then)) * (1.0 + 1e-12))
+
+
+def _window_bounds(off: np.ndarray, slots: np.ndarray, keys: np.ndarray, lo: int, hi: int,
+                   impacts: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(bterm, bmax, bval, bcnt) of one field of a segment (storaged/segment.py) at ``impacts`` (the
+    impact table by key): the terms whose list holds at least _BOUND_MIN postings and _BOUND_DENSITY
+    a window on average (a shorter list costs less to read than its bounds), each one's highest
+    impact (float32, rounded up), and per window of the range its highest there in 255ths of that
+    (rounded up: a bound is never below the impact it bounds) and its postings there."""
+    if not 0 <= _WINDOW_SHIFT <= 7:
+        raise ValueError("a window's count of postings must fit a byte")
+    counts = np.diff(off)
+    w_lo, w_hi = segment_window_range(lo, hi, _WINDOW_SHIFT)
+    nw = w_hi - w_lo
+    long = np.flatnonzero(counts >= max(_BOUND_MIN, _BOUND_DENSITY * nw))
+    bmax = np.zeros(len(long), np.float32)
+    bval = np.zeros(len(long) * nw, np.uint8)
+    bcnt = np.zeros(len(long) * nw, np.uint8)
+    i = 0
+    while i < len(long):  # a chunk of long terms at a time: ~_BOUND_CHUNK postings of transients
+        j = i + 1
+        size = int(counts[long[i]])
+        while j < len(long) and size + counts[long[j]] <= _BOUND_CHUNK:
+            size += int(counts[long[j]])
+            j += 1
+        run = long[i:j]
+        starts, lens = off[run].astype(np.int64), counts[run].astype(np.int64)
+        at = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        rank = np.repeat(np.arange(i, j, dtype=np.int64), lens)
+        cell = rank * nw + ((slots[at].astype(np.int64) >> _WINDOW_SHIFT) - w_lo)  # ascending: lists in slot order
+        imp = impacts[keys[at]]
+        first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
+        best = np.maximum.reduceat(imp, first)
+        top = np.maximum.reduceat(imp, np.concatenate(([0], np.cumsum(lens)[:-1])))
+        t32 = top.astype(np.float32)
+        low = t32.astype(np.float64) < top
+        t32[low] = np.nextafter(t32[low], np.float32(np.inf))
+        bmax[i:j] = t32
+        groups = cell[first]
+        scale = t32.astype(np.float64)[groups // nw - i]
+        bval[groups] = np.minimum(np.ceil(best / scale * 255.0 * (1.0 + 1e-9)), 255).astype(np.uint8)
+        bcnt[groups] = np.diff(np.append(first, len(cell)))
+        i = j
+    return long.astype(np.uint32), bmax, bval, bcnt
+
+
 def _idf(df: int, n: int) -> float:
     # df may still count tombstoned docs the sweeper has not reached (n never does): keep the
     # weight positive, which the pruning in search() relies on.
@@ -266,9 +359,9 @@ class _DocMap:
 
 
 class _TermList:
-    __slots__ = ("field", "ub", "size", "w", "slots", "keys", "table")
+    __slots__ = ("field", "ub", "size", "w", "slots", "keys", "table", "win")
 
-    def __init__(self, field, slots, keys, w, table, maxtf):
+    def __init__(self, field, slots, keys, w, table, maxtf, win=None):
         self.field = field
         self.slots = slots
         self.keys = keys
@@ -276,6 +369,7 @@ class _TermList:
         self.table = table
         self.size = _list_size(slots)
         self.ub = w * table[(maxtf << _DL_BITS) | 1]
+        self.win = win  # (first window, average length, f32 bounds) from a segment (Segment.bounds), or None
 
     def scan_into(self, acc: dict) -> None:
         w, table, slots = self.w, self.table, self.slots
@@ -709,6 +803,55 @@ class QueryScores:
             mine = fieldvec == f
             out.append(np.bincount(at[mine], values[mine], len(ca)).tolist() if f in present else [0.0] * len(ca))
         return out
+
+
+class _WindowScores(QueryScores):
+    """QueryScores after the window kernel (SearchIndex._pool_windows): a doc in a window it read
+    has its total there (sorted slots, as after the array kernel); any other doc's score and
+    every per-field breakdown are probed in the query's lists (a binary search per doc and list,
+    in C), adding each list's contribution in list order: the same sums as the kernel's."""
+
+    __slots__ = ("_sources", "_done", "postings_read")
+
+    def __init__(self, index: "SearchIndex", lists: list, sources: list, done: np.ndarray,
+                 slots: np.ndarray, scores: np.ndarray, postings_read: int) -> None:
+        super().__init__(index, lists, {}, len(lists), (slots, scores, None, None, None))
+        self._sources = sources
+        self._done = done
+        self.postings_read = postings_read  # what the kernel scored (bench/search_kernels.py reports it)
+
+    def _lookup(self, slots: np.ndarray) -> np.ndarray:
+        slots = np.asarray(slots, np.int64)
+        win = slots >> _WINDOW_SHIFT
+        read = (slots >= 0) & (win < len(self._done))
+        read[read] = self._done[win[read]]
+        out = super()._lookup(np.where(read, slots, -1))
+        other = np.flatnonzero(~read & (slots >= 0))
+        if len(other):
+            out[other] = self._probe(slots[other], False)[0]
+        return out
+
+    def _probe(self, slots: np.ndarray, by_field: bool) -> list[np.ndarray]:
+        """The scores of ``slots``, summed over the lists in list order: per field (``by_field``)
+        or in all (one array)."""
+        out = [np.zeros(len(slots)) for _ in (FIELDS if by_field else (0,))]
+        for tl, (sl, ks, w, imp, vals) in zip(self._lists, self._sources):
+            if not len(sl):
+                continue
+            at = np.minimum(np.searchsorted(sl, slots), len(sl) - 1)
+            hit = np.flatnonzero(sl[at] == slots)
+            if len(hit):
+                at = at[hit]
+                out[tl.field if by_field else 0][hit] += imp[ks[at]] * w if vals is None else vals[at]
+        return out
+
+    def per_field(self, cands: list[int]) -> list[list[float]]:
+        ca = np.fromiter(cands, np.int64, len(cands))
+        present = {tl.field for tl in self._lists}
+        if len(present) == 1:  # one field's lists: its score is the total, summed alike
+            (f,) = present
+            return [self._lookup(ca).tolist() if g == f else [0.0] * len(ca) for g in range(len(FIELDS))]
+        return [p.tolist() for p in self._probe(ca, True)]
 
 
 def _prefix_candidate(term: str) -> bool:
@@ -1466,9 +1609,13 @@ class SearchIndex:
         lo, hi = plan.slot_lo, plan.slot_hi
         # copies of the range (array slices), never views of the growing tables: a view left alive
         # (by a traceback, say) would make every later add() fail to grow them
+        qs = [self._field_q(f) for f in range(len(FIELDS))]
+        bounds = [_window_bounds(fd[0], fd[1], fd[2], lo, hi, np.array(_impact_table(q)))
+                  for fd, q in zip(fields, qs)]
         segment_write(io, path, lo, hi, vocab, fields, _bigram_chars,
                       np.frombuffer(self._slot_doc[lo:hi], np.uint64),
-                      [np.frombuffer(lens[lo:hi], np.uint32) for lens in self._lens])
+                      [np.frombuffer(lens[lo:hi], np.uint32) for lens in self._lens],
+                      (_WINDOW_SHIFT, qs, bounds))
         return path
 
     def write_and_adopt(self, plan: "SegmentPlan", io, directory: str) -> None:
@@ -1630,28 +1777,24 @@ class SearchIndex:
             return self.segment_names()
         return [p.name for p in self._parts[:len(self._parts) - len(plan.parts)]] + [plan.name]
 
-    def _table(self, f: int) -> list[float]:
-        """Impact by key for field f: BM25's tf part at the field's average length (quantised to
-        1/64 octave so the table is rebuilt only when the average really moves).  Rows for tf
-        buckets no posting of the field uses are left as shared zeros."""
+    def _field_q(self, f: int) -> float:
+        """Field f's average length over live docs, quantised to 1/64 octave (so the impact table
+        is rebuilt only when the average really moves)."""
         nonempty = self._nonempty[f]
         avg = self._total_len[f] / nonempty if nonempty else 1.0
-        q = 2.0 ** (round(math.log2(max(avg, 1e-9)) * 64) / 64)
+        return 2.0 ** (round(math.log2(max(avg, 1e-9)) * 64) / 64)
+
+    def _table(self, f: int) -> list[float]:
+        """Impact by key for field f: BM25's tf part at the field's average length (_field_q).
+        Rows for tf buckets no posting of the field uses are left as shared zeros."""
+        q = self._field_q(f)
         rows = self._maxtf_all[f] + 1
         t = self._tables.get((q, rows))
         if t is None:
             if len(self._tables) >= 4:
                 self._tables.clear()
                 self._impacts.clear()
-            c0 = K1 * (1.0 - B)
-            c1 = K1 * B / q
-            k1p = K1 + 1.0
-            t = []
-            for tf in _TF_REP[:rows]:
-                num = tf * k1p
-                base = tf + c0
-                t.extend([num / (base + c1 * dl) for dl in _DL_REP])
-            t.extend([0.0] * ((len(_TF_REP) - rows) << _DL_BITS))
+            t = _impact_table(q, rows)
             self._tables[(q, rows)] = t
             self._impacts[id(t)] = np.array(t[:rows << _DL_BITS])
         return t
@@ -1705,16 +1848,17 @@ class SearchIndex:
 
     @staticmethod
     def _term_postings(sources: list, term: str, fields) -> dict[int, list]:
-        """field → [(slots, keys, maxtf)] of ``term`` in each part holding it there."""
+        """field → [(slots, keys, maxtf, window bounds or None)] of ``term`` in each part holding it there."""
         out: dict[int, list] = {}
         for part in sources:
             t = part.lookup(term)
             if t < 0:
                 continue
+            windowed = getattr(part, "window_shift", None) == _WINDOW_SHIFT
             for f in fields:
                 got = part.postings(f, t)
                 if got is not None:
-                    out.setdefault(f, []).append(got)
+                    out.setdefault(f, []).append((*got, part.bounds(f, t) if windowed else None))
         return out
 
     @staticmethod
@@ -1723,7 +1867,7 @@ class SearchIndex:
         each with the term's bound over all parts (what the term can add to a doc, whichever
         part holds it: the same bound as one list of them all)."""
         maxtf = max(g[2] for g in got)
-        return [_TermList(f, p, k, w, table, maxtf) for p, k, _ in got]
+        return [_TermList(f, p, k, w, table, maxtf, b) for p, k, _, b in got]
 
     def _query_lists(self, query: str, fields: tuple[int, ...] = (0, 1, 2)) -> list:
         prefix_vocab = self._prefix_step()  # every query advances a build under way
@@ -1956,6 +2100,8 @@ class SearchIndex:
         alive = self._alive
         slot_doc = self._slot_doc
         ok = _verdicts(alive, slot_doc, accept)
+        if accept is None and accept_docs is None and rem_size[0] >= _WINDOW_MIN_POSTINGS and n < 1 << 15:
+            return self._pool_windows(lists, limit)
         if rem_size[0] <= _ARRAY_POSTINGS:
             return self._pool_arrays(lists, limit, ok if accept is not None else None, accept_docs)
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
@@ -2106,6 +2252,184 @@ class SearchIndex:
                 pool.append(s)
                 totals.append(v)
         return pool, totals, lists, scorer
+
+    def _window_sources(self, lists: list) -> tuple[list, list, tuple, np.ndarray, np.ndarray]:
+        """(sources, bounded, bulk, bound, count) of a query's lists for the window kernel.
+
+        ``sources``: per list, in order, (slots, keys, w, impacts, values) — slots ascending; for a
+        term list keys/w/impacts (its contributions are impacts[keys] * w, as the array kernel
+        computes them), else values.  ``bounded``: (list number, slots, keys, w, impacts, first
+        window, starts) of each list with bounds from its segment: its postings of window
+        ``first + i`` are [starts[i], starts[i + 1]).  ``bulk``: the other lists' postings, which
+        are short or in memory, as one set of arrays (slots, values, list number, window), lists in
+        order.  ``bound``: per window of the index, what all the lists together can add to one of
+        its docs: a list with bounds adds them (times the drift of the field's average since its
+        segment was written), any other one its exact highest contribution in each window.
+        ``count``: per window, the query's postings there."""
+        shift = _WINDOW_SHIFT
+        nwin = (len(self._slot_doc) >> shift) + 1
+        bound = np.zeros(nwin)
+        count = np.zeros(nwin, np.int64)
+        impacts = self._impacts
+        sources, bounded = [], []
+        # the lists without bounds, gathered as the array kernel gathers them: slots and keys
+        # concatenated, each key looked up in its table (the tables side by side) times its w
+        bulk_s, bulk_k, bulk_v, bulk_n, bulk_len, bulk_w, bulk_t = [], [], [], [], [], [], []
+        tables: dict[int, int] = {}  # id(impacts) → its offset among the tables side by side
+        table_arrays = []
+        for i, tl in enumerate(lists):
+            if type(tl) is _TermList:
+                imp = impacts.get(id(tl.table))
+                if imp is None:  # the index dropped its cached tables since this list was made
+                    imp = np.array(tl.table)
+                if type(tl.slots) is int:
+                    sl, ks = np.array([tl.slots], np.uint32), np.array([tl.keys], np.uint16)
+                else:
+                    sl, ks = np.frombuffer(tl.slots, np.uint32), np.frombuffer(tl.keys, np.uint16)
+                sources.append((sl, ks, tl.w, imp, None))
+                if tl.win is not None:
+                    w_lo, q_then, bmax, bv, bc = tl.win
+                    starts = np.zeros(len(bc) + 1, np.int64)
+                    np.cumsum(bc, out=starts[1:])
+                    if starts[-1] == len(sl):
+                        scale = float(bmax) / 255.0 * tl.w * _drift(q_then, self._field_q(tl.field))
+                        bound[w_lo:w_lo + len(bv)] += bv * scale
+                        count[w_lo:w_lo + len(bc)] += bc
+                        bounded.append((i, sl, ks, tl.w, imp, w_lo, starts))
+                        continue
+                off = tables.get(id(imp))
+                if off is None:
+                    off = tables[id(imp)] = sum(map(len, table_arrays))
+                    table_arrays.append(imp)
+                bulk_s.append(sl)
+                bulk_k.append(ks)
+                bulk_w.append(tl.w)
+                bulk_t.append(off)
+            else:
+                sl, vals = tl.arrays()
+                sl, vals = np.asarray(sl, np.int64), np.asarray(vals, np.float64)
+                order = np.argsort(sl, kind="stable")
+                sl, vals = sl[order], vals[order]
+                sources.append((sl, None, None, None, vals))
+                bulk_v.append((sum(bulk_len), vals))  # put in place below
+                bulk_s.append(sl)
+                bulk_k.append(np.zeros(len(sl), np.uint16))
+                bulk_w.append(0.0)
+                bulk_t.append(0)
+            bulk_n.append(i)
+            bulk_len.append(len(sl))
+        if bulk_s:
+            bs = np.concatenate(bulk_s).astype(np.int64)
+            lengths = np.array(bulk_len, np.int64)
+            bn = np.repeat(np.array(bulk_n, np.int16), lengths)
+            keys = np.concatenate(bulk_k).astype(np.int64) + np.repeat(np.array(bulk_t, np.int64), lengths)
+            both = np.concatenate(table_arrays) if table_arrays else np.zeros(1)
+            bv = both[keys] * np.repeat(np.array(bulk_w), lengths)
+            del keys
+            for at, vals in bulk_v:
+                bv[at:at + len(vals)] = vals
+            bw = bs >> shift
+            cell = bn.astype(np.int64) * nwin + bw  # ascending: lists in order, each in slot order
+            first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
+            bound += np.bincount(bw[first], np.maximum.reduceat(bv, first), nwin)
+            count += np.bincount(bw, minlength=nwin)
+            bulk = (bs, bv, bn, bw)
+        else:
+            bulk = None
+        return sources, bounded, bulk, bound, count
+
+    def _pool_windows(self, lists: list, limit: int) -> tuple[list[int], list[float], list, "QueryScores"]:
+        """_pool() for an unfiltered query of at least _WINDOW_MIN_POSTINGS postings: the array
+        kernel's pool, scored a few windows of slots at a time (block-max pruning).
+
+        Why: the array kernel reads every posting of the query (a common word's list holds much
+        of the index: 37 ms a query at 5M events); yet the best docs of a query sit in a small
+        part of its windows (~7% of the postings, median, on the 1M-event agent corpus).  Windows
+        are taken best bound first, _WINDOW_FIRST of them and then four times more each round;
+        each round sums its windows' postings as the kernel does (per doc, lists in order: the
+        same totals to the bit); then every window whose bound cannot reach the limit-th best
+        live score found (within float noise) is dropped, as no doc there can enter the pool.  So
+        the pool is the kernel's, unless the query reads past _ARRAY_POSTINGS postings first:
+        then it is the best of the windows read (the kernel's own budget, where MaxScore took
+        over)."""
+        shift = _WINDOW_SHIFT
+        wsize = 1 << shift
+        sources, bounded, bulk, bound, count = self._window_sources(lists)
+        postings = int(count.sum())
+        nwin = len(bound)
+        cand = np.flatnonzero(bound > 0)
+        done = np.zeros(nwin, bool)
+        got_slots, got_scores = [], []
+        live_scores = np.zeros(0)
+        alive = np.frombuffer(self._alive, np.uint8)  # dropped before returning: add() must grow it
+        cut = -math.inf
+        read = 0
+        k = _WINDOW_FIRST
+        while len(cand):
+            pick = cand[np.argpartition(-bound[cand], k)[:k]] if len(cand) > k else cand
+            chosen = np.sort(pick)
+            done[chosen] = True
+            k *= 4
+            parts_s, parts_v, parts_n = [], [], []
+            for i, sl, ks, w, imp, w_lo, starts in bounded:
+                c = chosen[(chosen >= w_lo) & (chosen < w_lo + len(starts) - 1)] - w_lo
+                a, b = starts[c], starts[c + 1]
+                lens = b - a
+                total = int(lens.sum())
+                if total:
+                    at = np.repeat(a - (np.cumsum(lens) - lens), lens) + np.arange(total)
+                    parts_s.append(sl[at].astype(np.int64))
+                    parts_v.append(imp[ks[at]] * w)
+                    parts_n.append(np.full(total, i, np.int16))
+            if bulk is not None:
+                now = np.zeros(nwin, bool)
+                now[chosen] = True
+                sel = np.flatnonzero(now[bulk[3]])
+                if len(sel):
+                    parts_s.append(bulk[0][sel])
+                    parts_v.append(bulk[1][sel])
+                    parts_n.append(bulk[2][sel])
+            if parts_s:
+                ps = np.concatenate(parts_s)
+                pv = np.concatenate(parts_v)
+                if len(parts_s) > 1:  # per doc, contributions in list order (radix sort: small ints)
+                    order = np.argsort(np.concatenate(parts_n), kind="stable")
+                    ps, pv = ps[order], pv[order]
+                rank = np.zeros(nwin, np.int64)
+                rank[chosen] = np.arange(len(chosen))
+                local = rank[ps >> shift] * wsize + (ps & (wsize - 1))
+                acc = np.bincount(local, pv, len(chosen) * wsize)
+                read += len(ps)
+                del ps, pv, parts_s, parts_v, parts_n, local
+                hit = np.flatnonzero(acc > 0)  # every contribution is positive
+                slots = (chosen[hit >> shift] << shift) | (hit & (wsize - 1))
+                scores = acc[hit]
+                del acc
+                got_slots.append(slots)
+                got_scores.append(scores)
+                live_scores = np.concatenate((live_scores, scores[alive[slots] != 0]))
+                if len(live_scores) > limit:  # keep the best only: ties within noise count below
+                    live_scores = np.partition(live_scores, len(live_scores) - limit)[len(live_scores) - limit:]
+                if len(live_scores) >= limit:
+                    cut = float(live_scores.min()) * (1.0 - 1e-9) - 1e-12
+            if read >= _ARRAY_POSTINGS:
+                break
+            # windows whose bound (with float noise) cannot reach the cut are done with
+            cand = cand[~done[cand] & (bound[cand] * (1.0 + 1e-9) + 1e-12 >= cut)]
+            if read + int(count[cand].sum()) > _WINDOW_GIVE_UP * postings and postings <= _ARRAY_POSTINGS:
+                # the bounds prune too little: the array kernel reads every list whole, faster
+                # than gathering most of their windows (the same pool and scores)
+                del alive
+                return self._pool_arrays(lists, limit, None)
+        slots = np.concatenate(got_slots) if got_slots else np.zeros(0, np.int64)
+        scores = np.concatenate(got_scores) if got_scores else np.zeros(0)
+        by_slot = np.argsort(slots, kind="stable")
+        slots, scores = slots[by_slot], scores[by_slot]
+        live = alive[slots] != 0
+        del alive
+        top = np.flatnonzero(live & (scores >= cut)) if len(live_scores) >= limit else np.flatnonzero(live)
+        scorer = _WindowScores(self, lists, sources, done, slots, scores, read)
+        return slots[top].tolist(), scores[top].tolist(), lists, scorer
 
     @staticmethod
     def _shut_out(acc: dict, bound: float, limit: int, ok: Callable[[int], bool]) -> list | None:

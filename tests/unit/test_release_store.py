@@ -140,10 +140,12 @@ def test_the_release_before_per_slot_segments_is_read_and_its_slots_carried_unti
     """The release before wrote index segments of version 1 (postings only) and a search dump (/3)
     holding every slot's doc and lengths: the start reads both, and a dump (/4) made while those
     segments are still in use holds their per-slot tables itself (nothing else does). The next
-    snapshot merges them into a version 2 segment, after which the dump holds none, and the start
+    snapshot merges them into a segment of the current version (2 then, 3 now: with window bounds),
+    after which the dump holds none, and the start
     after it has the same tables and answers with the same docs (a merge drops dead postings, so the
     scores move with the df)."""
     from storaged import search as search_mod
+    from storaged import segment as segment_mod
 
     d = copy_store(STORE_SNAP6, tmp_path / "d")
     expected = RELEASES[STORE_SNAP6.name][1]
@@ -165,7 +167,7 @@ def test_the_release_before_per_slot_segments_is_read_and_its_slots_carried_unti
     again = Store.open(str(d))
     assert again.snapshot_valid and again.snapshot_pos == again.log_size()
     index = again.search
-    assert index._parts and all(p.version == 2 for p in index._parts)
+    assert index._parts and all(p.version == segment_mod.VERSION for p in index._parts)
     assert index.dump()["docs"] == []
     assert (bytes(index._slot_doc), [bytes(x) for x in index._lens], bytes(index._alive)) == tables
     assert {w: [h.doc for h in index.search(w, 50)] for w in hits} == hits

@@ -46,7 +46,7 @@ def _index_with_segments(tmp_path, io) -> SearchIndex:
 def test_the_dump_holds_only_the_slots_no_segment_holds_and_loads_the_same(tmp_path):
     io = FileIO()
     index = _index_with_segments(tmp_path, io)
-    assert index._parts and all(p.version == 2 for p in index._parts) and index._mem_lo == 600
+    assert index._parts and all(p.version == segment_mod.VERSION for p in index._parts) and index._mem_lo == 600
     dump = index.dump()
     n = len(index._slot_doc)
     assert dump["slots"] == n and len(dump["alive"]) == (n + 7) // 8
@@ -145,7 +145,7 @@ def test_per_slot_tables_that_do_not_fit_the_slot_range_are_refused(tmp_path):
     head = list(segment_mod.HEAD.unpack_from(raw, 0))
     head[-1] += 1  # slot_hi
     segment_mod.HEAD.pack_into(raw, 0, *head)
-    size = segment_mod.HEADER_SIZE[2]
+    size = segment_mod.HEADER_SIZE[segment_mod.VERSION]
     crc = zlib.crc32(bytes(raw[:size - 4]), zlib.crc32(bytes(raw[size:])))
     segment_mod.CRC.pack_into(raw, size - 4, crc)
     with open(path, "wb") as f:

@@ -329,3 +329,42 @@ def test_a_segment_that_cannot_be_read_makes_the_start_replay_not_fail(tmp_path)
     assert len(again.search.search("wombat", 50)) == 20
     assert sorted(n for n in os.listdir(d) if n.endswith(".seg")) == names  # unread snapshot: nothing removed
     again.close()
+
+
+def test_the_term_hash_table_finds_every_term_and_no_other(tmp_path):
+    """Version 3 looks terms up in its hash table (one CRC, a probe or two), not by bisection: the
+    same answer for every term of the segment, for near misses, and for a segment of one term or of
+    none; a table of a wrong size is refused even when the checksum holds."""
+    import zlib
+
+    import numpy as np
+
+    from storaged import segment as G
+
+    rng = random.Random(5)
+    words = sorted({"".join(rng.choice("abcxyz09会議") for _ in range(rng.randint(1, 9))) for _ in range(5000)})
+    io = FileIO()
+    for terms in (words, words[:1], []):
+        path = str(tmp_path / f"index.{len(terms):016x}.seg")
+        empty = [(np.zeros(len(terms) + 1, np.uint64), np.zeros(0, np.uint32), np.zeros(0, np.uint16),
+                  np.zeros(len(terms), np.uint8))] * 3
+        G.write(io, path, 0, 0, terms, empty, lambda t: (), np.zeros(0, np.uint64), [np.zeros(0, np.uint32)] * 3)
+        seg = Segment(path, io)
+        assert seg._hash is not None and len(seg._hash) == G.hash_size(len(terms))
+        assert [seg.lookup(t) for t in terms] == list(range(len(terms)))
+        for miss in ("", "zz", "abcxyz09会議x", "q", *(t + "!" for t in terms[:50])):
+            assert seg.lookup(miss) == -1 or terms[seg.lookup(miss)] == miss
+        # the bisection agrees (what a version 2 segment, with no table, uses)
+        table, seg._hash = seg._hash, None
+        assert [seg.lookup(t) for t in terms[:300]] == list(range(min(300, len(terms))))
+        seg._hash = table
+    raw = bytearray(open(path, "rb").read())  # the segment of no term: its head says one term more
+    head = list(G.HEAD.unpack_from(raw, 0))
+    head[4] += 1
+    G.HEAD.pack_into(raw, 0, *head)
+    size = G.HEADER_SIZE[G.VERSION]
+    G.CRC.pack_into(raw, size - 4, zlib.crc32(bytes(raw[:size - 4]), zlib.crc32(bytes(raw[size:]))))
+    with open(path, "wb") as f:
+        f.write(raw)
+    with pytest.raises(SegmentInvalid):
+        Segment(path, io)

@@ -1,0 +1,261 @@
+"""The window kernel (SearchIndex._pool_windows: block-max pruning over the window bounds segments
+keep) against the array kernel it stands in for: the same hits, the same scores to the bit, the same
+per-field breakdowns and own scores of any other doc — over segments with bounds, segments of the
+release before (none), frozen and live in-memory parts, tombstones, and an average length that moved
+since a segment was written.  Windows are made small here (2**4 slots) so a small index has many."""
+
+import random
+import zlib
+
+import numpy as np
+import pytest
+
+from storaged import search as S
+from storaged import segment as G
+from storaged.fileio import FileIO
+from storaged.rank import ranked_search
+from storaged.search import SearchIndex
+
+JA = ["会議", "議事録", "ありがとう", "東京", "京都", "予定", "確認"]
+
+
+@pytest.fixture(autouse=True)
+def small_windows(monkeypatch):
+    monkeypatch.setattr(S, "_WINDOW_SHIFT", 4)
+    monkeypatch.setattr(S, "_BOUND_MIN", 8)
+    monkeypatch.setattr(S, "_BOUND_DENSITY", 0)
+
+
+def neighbours(doc, r):
+    lo = (doc - 1) // 12 * 12 + 1
+    seqs = list(range(lo, lo + 12))
+    i = seqs.index(doc)
+    return seqs[max(0, i - r):i][::-1], seqs[i + 1:i + 1 + r]
+
+
+def build(tmp_path, rng, n=3000, segments=3, legacy=False):
+    """An index of n docs: `segments` written segments (then more docs in a frozen part and in the
+    live lists), some docs removed, some re-added.  Long docs of a few 'clustered' words sit in a few
+    windows only, so bounds can prune."""
+    vocab = [f"w{i}" for i in range(300)] + ["postgresql", "postgres", "replication"]
+    weights = [1 / (i + 1) for i in range(len(vocab))]
+    ix = SearchIndex()
+    texts = {}
+    io = FileIO()
+    step = n // (segments + 2)
+    for d in range(1, n + 1):
+        words = rng.choices(vocab, weights, k=rng.randint(2, 16))
+        if d % 7 == 0:
+            words.append("".join(rng.sample(JA, 2)))
+        if 400 <= d < 440 or 2100 <= d < 2120:
+            words += ["clustered"] * rng.randint(1, 30)
+        texts[d] = " ".join(words)
+        ix.add(d, texts[d], " ".join(rng.choices(vocab, weights, k=3)) if d % 6 == 0 else None,
+               (rng.choice(vocab),) if d % 9 == 0 else ())
+        if d % step == 0 and d // step <= segments:
+            plan = ix.plan()
+            ix.write_and_adopt(plan, io, str(tmp_path))
+        elif d == step * (segments + 1):
+            ix.plan()  # frozen, not written
+    for d in rng.sample(range(1, n + 1), 120):
+        ix.remove(d)
+    for d in rng.sample(range(1, n + 1), 40):
+        ix.remove(d)
+        texts[d] = " ".join(rng.choices(vocab, weights, k=6))
+        ix.add(d, texts[d], None, ())
+    queries = [" ".join(rng.choices(vocab, weights, k=rng.randint(1, 6))) for _ in range(40)]
+    queries += ["clustered", "clustered w0", "w0 w1 w2", "postgres replication", "会議の東京", "京", "w0"]
+    return ix, texts, queries
+
+
+def both(monkeypatch, fn, first=4, give_up=10.0):
+    """fn() with the window kernel for every query (a first round of ``first`` windows; handing
+    over to the array kernel when the windows left hold more than ``give_up`` of the postings:
+    never, by default), then with the array kernel alone."""
+    with monkeypatch.context() as m:
+        m.setattr(S, "_WINDOW_MIN_POSTINGS", 0)
+        m.setattr(S, "_WINDOW_FIRST", first)
+        m.setattr(S, "_WINDOW_GIVE_UP", give_up)
+        windows = fn()
+    with monkeypatch.context() as m:
+        m.setattr(S, "_WINDOW_MIN_POSTINGS", 10**12)
+        arrays = fn()
+    return windows, arrays
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setattr(S, "_WINDOW_SHIFT", 4)
+    mp.setattr(S, "_BOUND_MIN", 8)
+    mp.setattr(S, "_BOUND_DENSITY", 0)
+    try:
+        return build(tmp_path_factory.mktemp("segs"), random.Random(21))
+    finally:
+        mp.undo()
+
+
+def test_segments_hold_bounds_that_bound_every_posting(corpus):
+    ix, _, _ = corpus
+    segs = [p for p in ix._parts if isinstance(p, G.Segment)]
+    assert len(segs) >= 2 and all(s.window_shift == 4 for s in segs)
+    checked = 0
+    for seg in segs:
+        for f in range(3):
+            table = np.array(S._impact_table(seg._win_avg[f]))
+            tids, counts, slots, keys = seg.export(f)
+            off = np.concatenate(([0], np.cumsum(counts)))
+            for t, a, b in zip(tids.tolist(), off[:-1].tolist(), off[1:].tolist()):
+                got = seg.bounds(f, t)
+                if b - a < 8:
+                    assert got is None
+                    continue
+                w_lo, q, bmax, bv, bc = got
+                win = (slots[a:b].astype(np.int64) >> 4) - w_lo
+                best = np.zeros(len(bv))
+                np.maximum.at(best, win, table[keys[a:b]])
+                assert bmax >= best.max() and np.isclose(bmax, best.max(), rtol=1e-6)
+                bound = float(bmax) * bv.astype(np.float64) / 255.0
+                assert (bound >= best).all()
+                assert (bound <= best + bmax / 255.0 + 1e-9).all()  # at most a step above
+                assert (bv[best == 0] == 0).all()  # a window the list does not touch adds nothing
+                assert bc.tolist() == np.bincount(win, minlength=len(bc)).tolist()
+                checked += 1
+    assert checked > 20
+
+
+def test_window_kernel_gives_the_array_kernels_hits_and_scores_to_the_bit(corpus, monkeypatch):
+    ix, _, queries = corpus
+    for q in queries:
+        for limit, fields in ((10, (0, 1, 2)), (1, (0, 1, 2)), (5, (0,)), (7, (1, 2)), (400, (0, 1, 2))):
+            a, b = both(monkeypatch, lambda: ix.search(q, limit, fields=fields))
+            assert a == b, (q, limit)
+            a, b = both(monkeypatch, lambda: ix.search_own(q, limit, fields=fields)[0])
+            assert a == b, (q, limit)
+
+
+def test_a_query_the_bounds_hardly_prune_is_handed_to_the_array_kernel(corpus, monkeypatch):
+    ix, _, queries = corpus
+    handed = []
+    real = S.SearchIndex._pool_arrays
+
+    def spy(self, *a, **kw):
+        handed.append(a)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(S.SearchIndex, "_pool_arrays", spy)
+    for q in queries:
+        for limit in (10, 400):
+            a, b = both(monkeypatch, lambda: ix.search(q, limit), give_up=S._WINDOW_GIVE_UP)
+            assert a == b, (q, limit)
+    assert 0 < len(handed) - len(queries) * 2 < len(queries) * 2  # some, not all
+
+
+def test_window_scorer_gives_the_same_own_scores_and_breakdowns(corpus, monkeypatch):
+    ix, _, queries = corpus
+    rng = random.Random(3)
+    for q in queries:
+        docs = {d for c in rng.sample(range(1, 3001), 30) for d in range(c - 4, c + 5)} | {0, 99999, -3}
+        (_, sa), (_, sb) = both(monkeypatch, lambda: ix.search_scored(q, 20))
+        assert isinstance(sa, S._WindowScores) and not isinstance(sb, S._WindowScores)
+        assert sa.totals(docs) == sb.totals(docs), q
+        assert sa.fields(docs) == sb.fields(docs), q
+        arr = np.array(sorted(docs) + [-1], np.int64)
+        assert sa.own(arr).tolist() == sb.own(arr).tolist(), q
+
+
+def test_ranked_search_is_unchanged_by_the_window_kernel(corpus, monkeypatch):
+    ix, texts, queries = corpus
+    tb = lambda d: (d % 5, d)  # noqa: E731
+    for q in queries:
+        for kw in ({}, {"accept": lambda d: d % 3 == 0}, {"tiebreak": tb, "own_match": True},
+                   {"text_of": texts.get, "tiebreak": tb}):
+            a, b = both(monkeypatch, lambda: ranked_search(ix, q, 12, neighbours=neighbours, **kw))
+            assert a == b, (q, kw)
+
+
+def test_the_window_kernel_reads_fewer_postings_when_the_best_docs_cluster(corpus, monkeypatch):
+    # "clustered" sits, many times over, in docs 400-439 and 2100-2119 only (a few windows), beside
+    # w0, the most common word: the windows without it are bounded by w0 alone, below the cut
+    ix, _, _ = corpus
+    monkeypatch.setattr(S, "_WINDOW_MIN_POSTINGS", 0)
+    monkeypatch.setattr(S, "_WINDOW_FIRST", 2)
+    seen = []
+    real = S.SearchIndex._window_sources
+
+    def spy(self, lists):
+        got = real(self, lists)
+        seen.append((sum(len(s[0]) for s in got[0]), got[3]))
+        return got
+
+    monkeypatch.setattr(S.SearchIndex, "_window_sources", spy)
+    hits, scorer = ix.search_scored("clustered w0", 10)
+    assert all(400 <= h.doc < 440 or 2100 <= h.doc < 2120 for h in hits)
+    total, bound = seen[-1]
+    read = scorer._done.sum()
+    assert read < 0.25 * np.count_nonzero(bound), (read, np.count_nonzero(bound))
+
+
+def test_bounds_hold_after_the_average_length_moved(tmp_path, monkeypatch):
+    # a segment's bounds were computed at the average length of its writing; docs added since
+    # (much longer ones here) move the average, and the drift factor keeps the bounds above
+    rng = random.Random(8)
+    ix, texts, queries = build(tmp_path, rng, n=1200, segments=2)
+    for d in range(1201, 1800):
+        ix.add(d, " ".join(rng.choices(["w0", "w1", "w2", "w7", "long"], k=rng.randint(60, 200))), None, ())
+    segs = [p for p in ix._parts if isinstance(p, G.Segment)]
+    assert any(S._drift(s._win_avg[0], ix._field_q(0)) > 1.0 for s in segs)
+    for q in queries + ["long w0", "w7 w2"]:
+        for limit in (3, 10, 50):
+            a, b = both(monkeypatch, lambda: ix.search(q, limit))
+            assert a == b, (q, limit)
+
+
+def test_segments_without_bounds_search_the_same(tmp_path, monkeypatch):
+    # a segment with no bounds (as a version 2 one, the release before): its lists add their exact
+    # window maxima, computed at query time
+    real = G.write
+
+    def bare(io, path, lo, hi, terms, fields, chars_of, slot_doc, lens, windows=None):
+        return real(io, path, lo, hi, terms, fields, chars_of, slot_doc, lens, None)
+
+    monkeypatch.setattr(S, "segment_write", bare)
+    ix, _, queries = build(tmp_path, random.Random(9), n=1500, segments=2)
+    segs = [p for p in ix._parts if isinstance(p, G.Segment)]
+    assert segs and all(s.window_shift is None and s.bounds(0, 0) is None for s in segs)
+    for q in queries:
+        a, b = both(monkeypatch, lambda: ix.search(q, 10))
+        assert a == b, q
+
+
+def test_a_reopened_segment_keeps_its_bounds_and_refuses_bad_ones(corpus, tmp_path):
+    ix, _, _ = corpus
+    seg = next(p for p in ix._parts if isinstance(p, G.Segment))
+    again = G.Segment(seg.path, FileIO())
+    assert again.version == 3 and again.window_shift == 4
+    t = next(t for t in range(again.n_terms) if again.bounds(0, t) is not None)
+    assert again.bounds(0, t)[3].tolist() == seg.bounds(0, t)[3].tolist()
+    with pytest.raises(ValueError):  # bounds of a wrong length are not written
+        G.write(FileIO(), str(tmp_path / "x.seg"), 0, 40, ["a"], [(np.array([0, 1]), np.array([3]), np.array([1]),
+                                                                  np.array([0]))] * 3,
+                lambda t: (), np.zeros(40, np.uint64), [np.zeros(40, np.uint32)] * 3,
+                (4, [1.0, 1.0, 1.0], [(np.array([0], np.uint32), np.ones(1, np.float32), np.zeros(2, np.uint8),
+                                       np.zeros(3, np.uint8))] * 3))
+
+
+def test_a_segment_whose_bounds_do_not_fit_is_refused_even_when_its_checksum_holds(corpus, tmp_path):
+    ix, _, _ = corpus
+    seg = next(p for p in ix._parts if isinstance(p, G.Segment) and len(p._bterm[0]))
+    raw = bytearray(open(seg.path, "rb").read())
+    sections = G.SECTIONS[3].unpack_from(raw, G.HEAD.size)
+    bterm0 = 2 * (4 + 4 * G.NFIELDS + 1 + G.NFIELDS + 1)  # field 0's bterm (offset, length)
+    assert sections[bterm0 + 1] == 4 * len(seg._bterm[0])
+    off, length = sections[bterm0], sections[bterm0 + 1]
+    np.frombuffer(raw, np.uint32, length // 4, off)[-1:] = seg.n_terms  # a term past the last
+    size = G.HEADER_SIZE[3]
+    crc = zlib.crc32(bytes(raw[:size - 4]), zlib.crc32(bytes(raw[size:])))
+    G.CRC.pack_into(raw, size - 4, crc)
+    path = tmp_path / seg.name
+    path.write_bytes(bytes(raw))
+    with pytest.raises(G.SegmentInvalid, match="window bounds"):
+        G.Segment(str(path), FileIO())
