@@ -143,6 +143,7 @@ _BOUND_DENSITY = 2
 _WINDOW_MIN_POSTINGS = 1 << 17
 _WINDOW_FIRST = 1024  # windows scored in the first round; each later round four times more
 _WINDOW_GIVE_UP = 0.5  # ... unless the windows still in the running hold more than this share of the postings
+_WINDOW_BUDGET = _ARRAY_POSTINGS  # postings it reads at most (the array kernel's budget; the rest probed)
 _BOUND_CHUNK = 1 << 22  # postings a segment writer turns into bounds at once (its transient arrays)
 # Its accumulator is a float per slot (np.bincount, O(slots)) unless the index has more slots than
 # 8 per posting plus this many; then the postings are sorted instead (np.unique, O(P log P)).
@@ -2100,7 +2101,9 @@ class SearchIndex:
         alive = self._alive
         slot_doc = self._slot_doc
         ok = _verdicts(alive, slot_doc, accept)
-        if accept is None and accept_docs is None and rem_size[0] >= _WINDOW_MIN_POSTINGS and n < 1 << 15:
+        if (accept is None and accept_docs is None and rem_size[0] >= _WINDOW_MIN_POSTINGS and n < 1 << 15
+                and sum(tl.size for tl in lists if getattr(tl, "win", None) is None) <= _ARRAY_POSTINGS):
+            # (the lists without bounds are read whole: past the array kernel's budget, MaxScore's)
             return self._pool_windows(lists, limit)
         if rem_size[0] <= _ARRAY_POSTINGS:
             return self._pool_arrays(lists, limit, ok if accept is not None else None, accept_docs)
@@ -2284,8 +2287,10 @@ class SearchIndex:
                     imp = np.array(tl.table)
                 if type(tl.slots) is int:
                     sl, ks = np.array([tl.slots], np.uint32), np.array([tl.keys], np.uint16)
-                else:
+                elif type(tl.slots) is memoryview:  # a segment's mapping: never changes
                     sl, ks = np.frombuffer(tl.slots, np.uint32), np.frombuffer(tl.keys, np.uint16)
+                else:  # in-memory lists, copied: the scorer keeps them, and a view would stop add()
+                    sl, ks = np.array(tl.slots, np.uint32), np.array(tl.keys, np.uint16)
                 sources.append((sl, ks, tl.w, imp, None))
                 if tl.win is not None:
                     w_lo, q_then, bmax, bv, bc = tl.win
@@ -2318,7 +2323,7 @@ class SearchIndex:
                 bulk_t.append(0)
             bulk_n.append(i)
             bulk_len.append(len(sl))
-        if bulk_s:
+        if sum(bulk_len):  # (a CJK phrase bonus may hold no doc)
             bs = np.concatenate(bulk_s).astype(np.int64)
             lengths = np.array(bulk_len, np.int64)
             bn = np.repeat(np.array(bulk_n, np.int16), lengths)
@@ -2367,6 +2372,10 @@ class SearchIndex:
         k = _WINDOW_FIRST
         while len(cand):
             pick = cand[np.argpartition(-bound[cand], k)[:k]] if len(cand) > k else cand
+            if read + int(count[pick].sum()) > _WINDOW_BUDGET:
+                # the last round: its best windows while the budget lasts (at least one)
+                pick = pick[np.argsort(-bound[pick], kind="stable")]
+                pick = pick[:max(1, int(np.searchsorted(np.cumsum(count[pick]), _WINDOW_BUDGET - read, "right")))]
             chosen = np.sort(pick)
             done[chosen] = True
             k *= 4
@@ -2412,7 +2421,7 @@ class SearchIndex:
                     live_scores = np.partition(live_scores, len(live_scores) - limit)[len(live_scores) - limit:]
                 if len(live_scores) >= limit:
                     cut = float(live_scores.min()) * (1.0 - 1e-9) - 1e-12
-            if read >= _ARRAY_POSTINGS:
+            if read >= _WINDOW_BUDGET:
                 break
             # windows whose bound (with float noise) cannot reach the cut are done with
             cand = cand[~done[cand] & (bound[cand] * (1.0 + 1e-9) + 1e-12 >= cut)]

@@ -52,6 +52,7 @@ sound); which file belongs to which snapshot is the snapshot's business (its man
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 import sys
@@ -360,6 +361,8 @@ class Segment:
                     raise TypeError
                 self._win_avg = list(meta[1:])
                 if any(len(b) for b in self._bterm):
+                    if not (all(0.0 < q < math.inf for q in self._win_avg) and meta[0] in range(8)):
+                        raise SegmentInvalid(f"segment {self.name}: window bounds of an impossible size or length")
                     self.window_shift = int(meta[0])
         except TypeError:
             raise SegmentInvalid(f"segment {self.name} has a section of a wrong length") from None
@@ -403,6 +406,9 @@ class Segment:
                 if (len(bm) != len(bt) or len(bv) != len(bt) * self._n_win or len(bc) != len(bv)
                         or (len(bt) and bt[len(bt) - 1] >= n)):
                     raise bad("window bounds of a wrong size")
+                top = np.frombuffer(bm, np.float32)  # one a long list: a few KB
+                if not bool(np.all((top > 0) & (top < np.inf))):
+                    raise bad("window bounds of an impossible value")
 
     def per_slot(self) -> tuple[np.ndarray, list[np.ndarray]] | None:
         """(each slot's doc, [each slot's length in field f]) for the slot range, as numpy views of the
@@ -435,17 +441,18 @@ class Segment:
         """The term's index, or -1."""
         raw = term.encode("utf-8", "surrogatepass")
         table = self._hash
-        if table is not None:  # version 3: the hash table (a segment of no term has one empty slot)
+        if table is not None:  # version 3: the hash table (it has more slots than terms)
             size = len(table)
             i = zlib.crc32(raw) % size
-            tb, toff = self._tbytes, self._toff
-            while True:
+            tb, toff, n = self._tbytes, self._toff, self.n_terms
+            for _ in range(size):  # (bounded even for a table the writer could not have made)
                 e = table[i]
-                if not e:
+                if not e or e > n:
                     return -1
                 if tb[toff[e - 1]:toff[e]] == raw:
                     return e - 1
                 i = i + 1 if i + 1 < size else 0
+            return -1
         t = self._lower_bound(raw)
         if t < self.n_terms and self._term_bytes(t) == raw:
             return t

@@ -259,3 +259,93 @@ def test_a_segment_whose_bounds_do_not_fit_is_refused_even_when_its_checksum_hol
     path.write_bytes(bytes(raw))
     with pytest.raises(G.SegmentInvalid, match="window bounds"):
         G.Segment(str(path), FileIO())
+
+
+def test_a_phrase_bonus_with_no_doc_beside_bounded_lists_is_no_crash(tmp_path, monkeypatch):
+    # the two bigrams never share a doc: the phrase bonus is empty, and (all else in a segment with
+    # bounds) the only list without bounds
+    ix = SearchIndex()
+    for d in range(1, 401):
+        ix.add(d, "会議" if d % 2 else "議会", None, ())
+    ix.write_and_adopt(ix.plan(), FileIO(), str(tmp_path))
+    a, b = both(monkeypatch, lambda: ix.search("会議会", 5))
+    assert a == b and len(a) == 5
+
+
+def test_the_index_grows_while_a_window_scorer_is_held(corpus, monkeypatch):
+    # the scorer keeps the query's lists: in-memory ones as copies (a view would stop add() from
+    # growing them), a segment's as views of its mapping
+    ix, _, _ = corpus
+    monkeypatch.setattr(S, "_WINDOW_MIN_POSTINGS", 0)
+    monkeypatch.setattr(S, "_WINDOW_GIVE_UP", 10.0)
+    hits, scorer = ix.search_scored("w0 w1 clustered", 5)
+    assert isinstance(scorer, S._WindowScores) and hits
+    before = scorer.totals(range(1, 3001))
+    for d in range(5000, 5300):
+        ix.add(d, "w0 w1 clustered", None, ())
+    assert scorer.totals(range(1, 3001)) == before
+    for d in range(5000, 5300):
+        ix.remove(d)
+
+
+def test_past_the_budget_the_window_kernel_stops_with_exact_scores(corpus, monkeypatch):
+    ix, _, _ = corpus
+    monkeypatch.setattr(S, "_WINDOW_MIN_POSTINGS", 0)
+    monkeypatch.setattr(S, "_WINDOW_GIVE_UP", 10.0)
+    monkeypatch.setattr(S, "_WINDOW_FIRST", 4)
+    exact = {h.doc: h for h in ix.search("w0 w1 w2 w3", 3000)}
+    for budget in (2000, 500, 1):
+        monkeypatch.setattr(S, "_WINDOW_BUDGET", budget)
+        hits, scorer = ix.search_scored("w0 w1 w2 w3", 10)
+        # the rounds stop at the budget: the last one takes its best windows while it lasts (one at
+        # least: a window holds at most a posting a list and slot)
+        assert isinstance(scorer, S._WindowScores)
+        assert scorer.postings_read <= budget + (len(scorer._sources) << S._WINDOW_SHIFT)
+        assert hits and all(exact[h.doc] == h for h in hits)  # fewer or other docs, never other scores
+        with monkeypatch.context() as m:
+            m.setattr(S, "_WINDOW_MIN_POSTINGS", 10**12)
+            _, arrays = ix.search_scored("w0 w1 w2 w3", 10)
+        docs = list(range(1, 3001))
+        assert scorer.totals(docs) == arrays.totals(docs)  # any doc's own score, read or probed
+
+
+def test_the_production_density_rule_leaves_short_lists_to_the_query(tmp_path, monkeypatch):
+    # the real rule (at least _BOUND_MIN postings and _BOUND_DENSITY a window) with small windows:
+    # only the commonest words get bounds, the rest are read whole, and answers stay the array kernel's
+    monkeypatch.setattr(S, "_BOUND_MIN", 64)
+    monkeypatch.setattr(S, "_BOUND_DENSITY", 2)
+    ix, _, queries = build(tmp_path, random.Random(12), n=2400, segments=2)
+    segs = [p for p in ix._parts if isinstance(p, G.Segment)]
+    kept = [len(s._bterm[0]) for s in segs]
+    assert all(0 < k < s.n_terms / 10 for k, s in zip(kept, segs))
+    for q in queries:
+        a, b = both(monkeypatch, lambda: ix.search(q, 10))
+        assert a == b, q
+
+
+@pytest.mark.parametrize("damage", ["no empty slot", "average 0", "average nan", "bmax 0"])
+def test_a_segment_whose_tables_are_impossible_is_refused_or_answers_without_hanging(corpus, tmp_path, damage):
+    ix, _, _ = corpus
+    seg = next(p for p in ix._parts if isinstance(p, G.Segment) and len(p._bterm[0]))
+    raw = bytearray(open(seg.path, "rb").read())
+    sections = G.SECTIONS[3].unpack_from(raw, G.HEAD.size)
+    meta = 2 * (4 + 4 * G.NFIELDS + 1 + G.NFIELDS)
+    bmax0 = meta + 2 * 2
+    table = 2 * (G.N_SECTIONS[3] - 1)
+    if damage == "no empty slot":  # every slot taken by the first term: a lookup of any other term ends
+        np.frombuffer(raw, np.uint32, sections[table + 1] // 4, sections[table])[:] = 1
+    elif damage.startswith("average"):
+        np.frombuffer(raw, np.float64, 1, sections[meta] + 8)[:] = 0.0 if damage == "average 0" else np.nan
+    else:
+        np.frombuffer(raw, np.float32, 1, sections[bmax0])[:] = 0.0
+    size = G.HEADER_SIZE[3]
+    G.CRC.pack_into(raw, size - 4, zlib.crc32(bytes(raw[:size - 4]), zlib.crc32(bytes(raw[size:]))))
+    path = tmp_path / seg.name
+    path.write_bytes(bytes(raw))
+    if damage == "no empty slot":
+        bad = G.Segment(str(path), FileIO())
+        first = bad.term_list()[0]
+        assert bad.lookup(first) == 0 and bad.lookup(first + "never") == -1
+    else:
+        with pytest.raises(G.SegmentInvalid):
+            G.Segment(str(path), FileIO())

@@ -358,13 +358,14 @@ def test_the_term_hash_table_finds_every_term_and_no_other(tmp_path):
         table, seg._hash = seg._hash, None
         assert [seg.lookup(t) for t in terms[:300]] == list(range(min(300, len(terms))))
         seg._hash = table
-    raw = bytearray(open(path, "rb").read())  # the segment of no term: its head says one term more
-    head = list(G.HEAD.unpack_from(raw, 0))
-    head[4] += 1
-    G.HEAD.pack_into(raw, 0, *head)
+    raw = bytearray(open(path, "rb").read())  # the segment of no term: its table one slot short
+    sections = list(G.SECTIONS[G.VERSION].unpack_from(raw, G.HEAD.size))
+    assert sections[-1] == 4 * G.hash_size(0)
+    sections[-1] -= 4
+    G.SECTIONS[G.VERSION].pack_into(raw, G.HEAD.size, *sections)
     size = G.HEADER_SIZE[G.VERSION]
     G.CRC.pack_into(raw, size - 4, zlib.crc32(bytes(raw[:size - 4]), zlib.crc32(bytes(raw[size:]))))
     with open(path, "wb") as f:
         f.write(raw)
-    with pytest.raises(SegmentInvalid):
+    with pytest.raises(SegmentInvalid, match="hash table"):
         Segment(path, io)
