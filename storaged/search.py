@@ -931,19 +931,21 @@ class _PrefixVocab:
 
 def _list_reader(lst: list[str]) -> Callable:
     """A reader of one sorted term list for _expansions: (terms in [prefix, end), at most ``take``;
-    how many sort at or after ``prefix``)."""
-    def read(prefix: str, end: str, take: int) -> tuple[list[str], int]:
+    how many sort at or after ``prefix``; None: their dfs are not known here)."""
+    def read(prefix: str, end: str, take: int) -> tuple[list[str], int, None]:
         i = bisect_left(lst, prefix)
-        return lst[i:min(i + take, bisect_left(lst, end, i))], len(lst) - i
+        return lst[i:min(i + take, bisect_left(lst, end, i))], len(lst) - i, None
     return read
 
 
-def _expansions(prefix: str, readers: list, budget: list[int]) -> list[str]:
+def _expansions(prefix: str, readers: list, budget: list[int], dfs: dict[str, int] | None = None) -> list[str]:
     """Live terms longer than ``prefix`` that begin with it, from every part's sorted term lists read
     as the one sorted list they make together (a bisect each): at most _PREFIX_SCAN terms are looked
     at, and charged to ``budget[0]`` for the whole query (spent in place).  ``readers``: (read, live)
-    pairs — a sorted list's reader (_list_reader) and its part's test of whether a listed term still
-    has postings there."""
+    pairs — a sorted list's reader (_list_reader, Segment._read_prefix) and its part's test of
+    whether a listed term still has postings there.  ``dfs``: filled with each term's df summed over
+    the readers that know it (the segments'; a term among the first ``take`` of all is among the first
+    ``take`` of each part holding it, so every segment holding it adds its df)."""
     take = min(_PREFIX_SCAN, budget[0])
     if take <= 0:
         return []
@@ -951,10 +953,13 @@ def _expansions(prefix: str, readers: list, budget: list[int]) -> list[str]:
     after = 0  # terms sorting at or after prefix: what one sorted list would show
     live: dict[str, bool] = {}
     for read, is_live in readers:
-        got, n = read(prefix, end, take)
+        got, n, counts = read(prefix, end, take)
         after += n
         for t in got:
             live[t] = live.get(t, False) or is_live(t)
+        if dfs is not None and counts is not None:
+            for t, c in zip(got, counts):
+                dfs[t] = dfs.get(t, 0) + c
     budget[0] -= min(take, after)
     return [t for t in sorted(live)[:take] if t != prefix and live[t]]
 
@@ -1931,12 +1936,14 @@ class SearchIndex:
         search() bound their work like any other."""
         chosen: dict[str, str] = {}  # term → the exact query term it stands in for
         budget = [_PREFIX_QUERY_BUDGET]
+        in_memory = [part for part in sources if not isinstance(part, Segment)]
         for p, base in prefixes.items():
             if budget[0] <= 0:
                 break
-            found = [t for t in _expansions(p, readers, budget) if t not in exact and t not in chosen]
+            dfs: dict[str, int] = {}  # df in the segments, read with the terms
+            found = [t for t in _expansions(p, readers, budget, dfs) if t not in exact and t not in chosen]
             if len(found) > _PREFIX_TERMS:
-                found = nlargest(_PREFIX_TERMS, found, key=lambda t: (self._df(sources, t), t))
+                found = nlargest(_PREFIX_TERMS, found, key=lambda t: (dfs.get(t, 0) + self._df(in_memory, t), t))
             for t in found:
                 chosen[t] = base
         out = []
@@ -2101,10 +2108,10 @@ class SearchIndex:
         alive = self._alive
         slot_doc = self._slot_doc
         ok = _verdicts(alive, slot_doc, accept)
-        if (accept is None and accept_docs is None and rem_size[0] >= _WINDOW_MIN_POSTINGS and n < 1 << 15
+        if ((accept is None or accept_docs is not None) and rem_size[0] >= _WINDOW_MIN_POSTINGS and n < 1 << 15
                 and sum(tl.size for tl in lists if getattr(tl, "win", None) is None) <= _ARRAY_POSTINGS):
             # (the lists without bounds are read whole: past the array kernel's budget, MaxScore's)
-            return self._pool_windows(lists, limit)
+            return self._pool_windows(lists, limit, ok if accept is not None else None, accept_docs)
         if rem_size[0] <= _ARRAY_POSTINGS:
             return self._pool_arrays(lists, limit, ok if accept is not None else None, accept_docs)
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
@@ -2343,9 +2350,13 @@ class SearchIndex:
             bulk = None
         return sources, bounded, bulk, bound, count
 
-    def _pool_windows(self, lists: list, limit: int) -> tuple[list[int], list[float], list, "QueryScores"]:
-        """_pool() for an unfiltered query of at least _WINDOW_MIN_POSTINGS postings: the array
-        kernel's pool, scored a few windows of slots at a time (block-max pruning).
+    def _pool_windows(self, lists: list, limit: int, ok=None,
+                      accept_docs=None) -> tuple[list[int], list[float], list, "QueryScores"]:
+        """_pool() for a query of at least _WINDOW_MIN_POSTINGS postings, unfiltered or filtered by
+        ``accept_docs`` (an array of docs → a bool array; ``ok``, its doc-by-doc form, is only
+        handed on): the array kernel's pool, scored a few windows of slots at a time (block-max
+        pruning).  The filter is asked about the docs of the windows read; the cut is the
+        limit-th best acceptable live score.
 
         Why: the array kernel reads every posting of the query (a common word's list holds much
         of the index: 37 ms a query at 5M events); yet the best docs of a query sit in a small
@@ -2364,9 +2375,10 @@ class SearchIndex:
         nwin = len(bound)
         cand = np.flatnonzero(bound > 0)
         done = np.zeros(nwin, bool)
-        got_slots, got_scores = [], []
+        got_slots, got_scores, got_good = [], [], []
         live_scores = np.zeros(0)
-        alive = np.frombuffer(self._alive, np.uint8)  # dropped before returning: add() must grow it
+        alive = np.frombuffer(self._alive, np.uint8)  # dropped before returning: add() must grow them
+        slot_doc = np.frombuffer(self._slot_doc, np.uint64) if accept_docs is not None else None
         cut = -math.inf
         read = 0
         k = _WINDOW_FIRST
@@ -2416,7 +2428,11 @@ class SearchIndex:
                 del acc
                 got_slots.append(slots)
                 got_scores.append(scores)
-                live_scores = np.concatenate((live_scores, scores[alive[slots] != 0]))
+                good = alive[slots] != 0
+                if accept_docs is not None:
+                    good &= accept_docs(slot_doc[slots].astype(np.int64))
+                got_good.append(good)
+                live_scores = np.concatenate((live_scores, scores[good]))
                 if len(live_scores) > limit:  # keep the best only: ties within noise count below
                     live_scores = np.partition(live_scores, len(live_scores) - limit)[len(live_scores) - limit:]
                 if len(live_scores) >= limit:
@@ -2428,15 +2444,15 @@ class SearchIndex:
             if read + int(count[cand].sum()) > _WINDOW_GIVE_UP * postings and postings <= _ARRAY_POSTINGS:
                 # the bounds prune too little: the array kernel reads every list whole, faster
                 # than gathering most of their windows (the same pool and scores)
-                del alive
-                return self._pool_arrays(lists, limit, None)
+                del alive, slot_doc
+                return self._pool_arrays(lists, limit, ok, accept_docs)
+        del alive, slot_doc
         slots = np.concatenate(got_slots) if got_slots else np.zeros(0, np.int64)
         scores = np.concatenate(got_scores) if got_scores else np.zeros(0)
+        good = np.concatenate(got_good) if got_good else np.zeros(0, bool)
         by_slot = np.argsort(slots, kind="stable")
-        slots, scores = slots[by_slot], scores[by_slot]
-        live = alive[slots] != 0
-        del alive
-        top = np.flatnonzero(live & (scores >= cut)) if len(live_scores) >= limit else np.flatnonzero(live)
+        slots, scores, good = slots[by_slot], scores[by_slot], good[by_slot]
+        top = np.flatnonzero(good & (scores >= cut)) if len(live_scores) >= limit else np.flatnonzero(good)
         scorer = _WindowScores(self, lists, sources, done, slots, scores, read)
         return slots[top].tolist(), scores[top].tolist(), lists, scorer
 

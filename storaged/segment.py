@@ -560,5 +560,8 @@ class Segment:
         """For search.py's prefix expansion: a reader of this segment's sorted terms, every term live."""
         return [(self._read_prefix, _always)]
 
-    def _read_prefix(self, prefix: str, end: str, take: int) -> tuple[list[str], int]:
-        return self.terms_from(prefix, take)
+    def _read_prefix(self, prefix: str, end: str, take: int) -> tuple[list[str], int, list[int]]:
+        """terms_from, and each term's df here (so an expansion's df needs no lookup in each segment)."""
+        out, n = self.terms_from(prefix, take)
+        first = self.n_terms - n  # the first term at or after prefix
+        return out, n, [self.df(first + j) for j in range(len(out))]

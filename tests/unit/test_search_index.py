@@ -682,9 +682,9 @@ def test_prefix_expansion_work_is_bounded_per_query():
     seen = []
     real = search_mod._expansions
 
-    def counting(prefix, readers, budget):
+    def counting(prefix, readers, budget, dfs=None):
         before = budget[0]
-        out = real(prefix, readers, budget)
+        out = real(prefix, readers, budget, dfs)
         seen.append(before - budget[0])
         return out
 

@@ -349,3 +349,30 @@ def test_a_segment_whose_tables_are_impossible_is_refused_or_answers_without_han
     else:
         with pytest.raises(G.SegmentInvalid):
             G.Segment(str(path), FileIO())
+
+
+def test_a_filter_over_arrays_of_docs_takes_the_window_kernel_with_the_same_answers(corpus, monkeypatch):
+    # search_sessions filters by event type over whole arrays of docs (accept_docs): the window kernel
+    # asks it about the docs of the windows it reads and cuts at the limit-th best acceptable score
+    ix, _, queries = corpus
+    taken = []
+    real = S.SearchIndex._pool_windows
+
+    def spy(self, *a, **kw):
+        out = real(self, *a, **kw)
+        taken.append(isinstance(out[3], S._WindowScores))
+        return out
+
+    monkeypatch.setattr(S.SearchIndex, "_pool_windows", spy)
+    for name, keep in (("a third", lambda d: d % 3 == 0), ("one in 40", lambda d: d % 40 == 7), ("none", lambda d: False)):
+        accept = lambda d, keep=keep: bool(keep(d))  # noqa: E731
+        accept_docs = lambda docs, keep=keep: keep(docs)  # noqa: E731
+        for q in queries:
+            for limit in (1, 10, 50):
+                a, b = both(monkeypatch, lambda: ix.search_own(q, limit, accept, accept_docs=accept_docs)[0])
+                assert a == b, (name, q, limit)
+                assert all(keep(d) for d, _ in a)
+            a, b = both(monkeypatch, lambda: ranked_search(ix, q, 12, accept=accept, neighbours=neighbours,
+                                                           accept_docs=accept_docs))
+            assert a == b, (name, q)
+    assert any(taken) and taken.count(True) > len(taken) // 2

@@ -369,3 +369,31 @@ def test_the_term_hash_table_finds_every_term_and_no_other(tmp_path):
         f.write(raw)
     with pytest.raises(SegmentInvalid, match="hash table"):
         Segment(path, io)
+
+
+def test_prefix_expansion_reads_each_terms_df_with_it_across_segments(tmp_path):
+    """The df an expansion is chosen by comes with the segment's sorted terms (Segment._read_prefix),
+    no lookup of the term in every segment: the same sums as looking it up in each part, and the same
+    expansions chosen as before, with some terms in segments, some frozen, some live."""
+    from storaged import search as S
+
+    rng = random.Random(9)
+    index = SearchIndex()
+    io = FileIO()
+    words = [f"kubernet{letters}" for letters in ("qa", "qb", "qc", "xz", "xk", "zz", "kq")]
+    for d in range(1, 1201):
+        index.add(d, " ".join(rng.choices(words, k=rng.randint(1, 4))), None, [])
+        if d % 300 == 0 and d <= 900:
+            index.write_and_adopt(index.plan(), io, str(tmp_path))
+    index.plan()  # a frozen part too
+    for d in range(1201, 1300):
+        index.add(d, rng.choice(words), None, [])
+    sources = index._sources(None)
+    readers = [r for part in sources for r in part.prefix_readers()]
+    dfs: dict = {}
+    found = S._expansions("kubernet", readers, [10_000], dfs)
+    assert set(found) <= set(words) and found
+    memory = [p for p in sources if not isinstance(p, Segment)]
+    for t in found:
+        assert dfs.get(t, 0) + S.SearchIndex._df(memory, t) == S.SearchIndex._df(sources, t), t
+    assert index.search("kubernet", 5)
