@@ -2268,9 +2268,10 @@ class SearchIndex:
 
         ``sources``: per list, in order, (slots, keys, w, impacts, values) — slots ascending; for a
         term list keys/w/impacts (its contributions are impacts[keys] * w, as the array kernel
-        computes them), else values.  ``bounded``: (list number, slots, keys, w, impacts, first
-        window, starts) of each list with bounds from its segment: its postings of window
-        ``first + i`` are [starts[i], starts[i + 1]).  ``bulk``: the other lists' postings, which
+        computes them), else values.  ``bounded``: the lists with bounds, a group per segment and
+        field (storaged/segment.py's WindowGroup): (list numbers, starts, w per list, impacts, the
+        field's slots and keys, first window, windows) — list j's postings of window ``first + i``
+        are the field's [starts[j, i], starts[j, i + 1]).  ``bulk``: the other lists' postings, which
         are short or in memory, as one set of arrays (slots, values, list number, window), lists in
         order.  ``bound``: per window of the index, what all the lists together can add to one of
         its docs: a list with bounds adds them (times the drift of the field's average since its
@@ -2282,9 +2283,11 @@ class SearchIndex:
         count = np.zeros(nwin, np.int64)
         impacts = self._impacts
         sources, bounded = [], []
+        grouped: dict[int, tuple] = {}  # the lists with bounds, by segment and field (WindowGroup)
         # the lists without bounds, gathered as the array kernel gathers them: slots and keys
         # concatenated, each key looked up in its table (the tables side by side) times its w
-        bulk_s, bulk_k, bulk_v, bulk_n, bulk_len, bulk_w, bulk_t = [], [], [], [], [], [], []
+        bulk_s, bulk_k, bulk_n, bulk_len, bulk_w, bulk_t = [], [], [], [], [], []
+        bulk_v: dict[int, np.ndarray] = {}  # list number → values, for the lists that are not term lists
         tables: dict[int, int] = {}  # id(impacts) → its offset among the tables side by side
         table_arrays = []
         for i, tl in enumerate(lists):
@@ -2300,15 +2303,10 @@ class SearchIndex:
                     sl, ks = np.array(tl.slots, np.uint32), np.array(tl.keys, np.uint16)
                 sources.append((sl, ks, tl.w, imp, None))
                 if tl.win is not None:
-                    w_lo, q_then, bmax, bv, bc = tl.win
-                    starts = np.zeros(len(bc) + 1, np.int64)
-                    np.cumsum(bc, out=starts[1:])
-                    if starts[-1] == len(sl):
-                        scale = float(bmax) / 255.0 * tl.w * _drift(q_then, self._field_q(tl.field))
-                        bound[w_lo:w_lo + len(bv)] += bv * scale
-                        count[w_lo:w_lo + len(bc)] += bc
-                        bounded.append((i, sl, ks, tl.w, imp, w_lo, starts))
-                        continue
+                    _, q_then, bmax, row, first, group = tl.win
+                    scale = float(bmax) / 255.0 * tl.w * _drift(q_then, self._field_q(tl.field))
+                    grouped.setdefault(id(group), (group, imp, []))[2].append((i, row, first, len(sl), tl.w, scale))
+                    continue
                 off = tables.get(id(imp))
                 if off is None:
                     off = tables[id(imp)] = sum(map(len, table_arrays))
@@ -2323,14 +2321,49 @@ class SearchIndex:
                 order = np.argsort(sl, kind="stable")
                 sl, vals = sl[order], vals[order]
                 sources.append((sl, None, None, None, vals))
-                bulk_v.append((sum(bulk_len), vals))  # put in place below
+                bulk_v[i] = vals  # put in place below
                 bulk_s.append(sl)
                 bulk_k.append(np.zeros(len(sl), np.uint16))
                 bulk_w.append(0.0)
                 bulk_t.append(0)
             bulk_n.append(i)
             bulk_len.append(len(sl))
+        for group, imp, members in grouped.values():
+            # a segment field's lists at once: their bounds a row each summed into the windows, and
+            # where each one's postings of each window begin (rows of counts, summed along)
+            nums, rows, firsts, sizes, ws, scales = (np.array(x) for x in zip(*members))
+            w_lo, n = group.w_lo, group.n_win
+            cnt = group.bcnt[rows].astype(np.int64)
+            starts = np.zeros((len(rows), n + 1), np.int64)
+            np.cumsum(cnt, axis=1, out=starts[:, 1:])
+            starts += firsts.astype(np.int64)[:, None]
+            wrong = starts[:, -1] != firsts.astype(np.int64) + sizes
+            if wrong.any():  # counts that do not add up to the list (a written file never has them)
+                for j in np.flatnonzero(wrong).tolist():
+                    i = int(nums[j])
+                    sl, ks, w, _, _ = sources[i]
+                    off = tables.get(id(imp))
+                    if off is None:
+                        off = tables[id(imp)] = sum(map(len, table_arrays))
+                        table_arrays.append(imp)
+                    bulk_s.append(sl)
+                    bulk_k.append(ks)
+                    bulk_w.append(w)
+                    bulk_t.append(off)
+                    bulk_n.append(i)
+                    bulk_len.append(len(sl))
+                keep = ~wrong
+                nums, rows, ws, scales, cnt, starts = nums[keep], rows[keep], ws[keep], scales[keep], cnt[keep], starts[keep]
+                if not len(nums):
+                    continue
+            bound[w_lo:w_lo + n] += scales @ group.bval[rows]
+            count[w_lo:w_lo + n] += cnt.sum(axis=0)
+            bounded.append((nums.astype(np.int16), starts, ws, imp, group.slots, group.keys, w_lo, n))
         if sum(bulk_len):  # (a CJK phrase bonus may hold no doc)
+            if any(a > b for a, b in zip(bulk_n, bulk_n[1:])):  # lists moved here from a group: in order
+                order = sorted(range(len(bulk_n)), key=bulk_n.__getitem__)
+                bulk_s, bulk_k, bulk_w, bulk_t, bulk_n, bulk_len = (
+                    [x[j] for j in order] for x in (bulk_s, bulk_k, bulk_w, bulk_t, bulk_n, bulk_len))
             bs = np.concatenate(bulk_s).astype(np.int64)
             lengths = np.array(bulk_len, np.int64)
             bn = np.repeat(np.array(bulk_n, np.int16), lengths)
@@ -2338,8 +2371,12 @@ class SearchIndex:
             both = np.concatenate(table_arrays) if table_arrays else np.zeros(1)
             bv = both[keys] * np.repeat(np.array(bulk_w), lengths)
             del keys
-            for at, vals in bulk_v:
-                bv[at:at + len(vals)] = vals
+            if bulk_v:  # the synthetic lists' own values, in their place
+                at = 0
+                for i, size in zip(bulk_n, bulk_len):
+                    if i in bulk_v:
+                        bv[at:at + size] = bulk_v[i]
+                    at += size
             bw = bs >> shift
             cell = bn.astype(np.int64) * nwin + bw  # ascending: lists in order, each in slot order
             first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
@@ -2392,16 +2429,20 @@ class SearchIndex:
             done[chosen] = True
             k *= 4
             parts_s, parts_v, parts_n = [], [], []
-            for i, sl, ks, w, imp, w_lo, starts in bounded:
-                c = chosen[(chosen >= w_lo) & (chosen < w_lo + len(starts) - 1)] - w_lo
-                a, b = starts[c], starts[c + 1]
-                lens = b - a
-                total = int(lens.sum())
+            for nums, starts, ws, imp, slots_all, keys_all, w_lo, n in bounded:
+                c = chosen[(chosen >= w_lo) & (chosen < w_lo + n)] - w_lo
+                if not len(c):
+                    continue
+                a = starts[:, c]  # per list (row) and chosen window: its postings [a, b)
+                lens = starts[:, c + 1] - a
+                per_list = lens.sum(axis=1)
+                a, lens = a.ravel(), lens.ravel()
+                total = int(per_list.sum())
                 if total:
                     at = np.repeat(a - (np.cumsum(lens) - lens), lens) + np.arange(total)
-                    parts_s.append(sl[at].astype(np.int64))
-                    parts_v.append(imp[ks[at]] * w)
-                    parts_n.append(np.full(total, i, np.int16))
+                    parts_s.append(slots_all[at].astype(np.int64))
+                    parts_v.append(imp[keys_all[at]] * np.repeat(ws, per_list))
+                    parts_n.append(np.repeat(nums, per_list))
             if bulk is not None:
                 now = np.zeros(nwin, bool)
                 now[chosen] = True

@@ -59,7 +59,7 @@ import sys
 import zlib
 from bisect import bisect_left
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -276,6 +276,18 @@ def start_body_crcs(io: FileIO, paths: Sequence[str]) -> dict[str, Future]:
         pool.shutdown(wait=False)   # the threads end with their work; the caller waits on the futures
 
 
+class WindowGroup(NamedTuple):
+    """One field of a segment as the window kernel reads it (Segment.window_group): its windows
+    (the first, how many), its long lists' bounds and counts a row each (u8, rows × windows), and
+    all of the field's slots and keys, where a list's postings begin at its first posting."""
+    w_lo: int
+    n_win: int
+    bval: np.ndarray
+    bcnt: np.ndarray
+    slots: np.ndarray
+    keys: np.ndarray
+
+
 class Segment:
     """One segment file, mapped. Term lookups are binary searches in the sorted term table; the
     postings come back as memoryviews of the mapping (a one-posting list as a bare int, as the
@@ -284,7 +296,7 @@ class Segment:
     __slots__ = ("name", "path", "size", "version", "slot_lo", "slot_hi", "n_terms", "maxtf_all", "postings_count", "_buf",
                  "_toff", "_tbytes", "_char_cp", "_char_term", "_poff", "_slots", "_keys", "_maxtf", "_slot_doc", "_lens",
                  "_samples", "_sampling", "window_shift", "_w_lo", "_n_win", "_win_avg", "_bterm", "_bmax", "_bval",
-                 "_bcnt", "_hash")
+                 "_bcnt", "_hash", "_groups")
 
     def __init__(self, path: str, io: FileIO | None = None, verify: bool = True,
                  body_crc: int | None | OSError = None) -> None:
@@ -348,7 +360,7 @@ class Segment:
             self._slot_doc = views[per_slot].cast("Q") if version >= 2 else None
             self._lens = [views[per_slot + 1 + f].cast("I") for f in range(NFIELDS)] if version >= 2 else None
             self.window_shift = None  # no bounds (a segment of an earlier version, or none written)
-            self._bterm = self._bmax = self._bval = self._bcnt = self._hash = None
+            self._bterm = self._bmax = self._bval = self._bcnt = self._hash = self._groups = None
             if version >= 3:
                 meta = views[per_slot + 1 + NFIELDS].cast("d")
                 base = per_slot + 2 + NFIELDS
@@ -514,20 +526,33 @@ class Segment:
         return self._slots[f][a:b], self._keys[f][a:b], self._maxtf[f][t]
 
     def bounds(self, f: int, t: int):
-        """(first window, average length, highest impact, u8 bounds, u8 counts) of term t's list in
-        field f: its highest impact at that average field length (the writer's), and in each window
-        of 2**window_shift slots of the range its highest in 255ths of that, rounded up, and its
-        postings there (numpy views of the mapping); or None (a short list, or no bounds)."""
+        """(first window, average length, highest impact, row, first posting, window group) of term
+        t's list in field f — its highest impact at that average field length (the writer's); its
+        row in the field's bound tables and where its postings begin in the field's arrays, both as
+        ``window_group(f)`` holds them — or None (a short list, or no bounds)."""
         if self.window_shift is None:
             return None
         bt = self._bterm[f]
         i = bisect_left(bt, t)
         if i == len(bt) or bt[i] != t:
             return None
-        n = self._n_win
-        return (self._w_lo, self._win_avg[f], self._bmax[f][i],
-                np.frombuffer(self._bval[f][i * n:(i + 1) * n], np.uint8),
-                np.frombuffer(self._bcnt[f][i * n:(i + 1) * n], np.uint8))
+        return self._w_lo, self._win_avg[f], self._bmax[f][i], i, self._poff[f][t], self.window_group(f)
+
+    def window_group(self, f: int) -> "WindowGroup":
+        """Field f's bound tables and postings as numpy views of the mapping, made once: a query
+        gathers all of its lists in this segment and field from them at once."""
+        groups = self._groups
+        if groups is None:
+            groups = self._groups = [None] * NFIELDS
+        g = groups[f]
+        if g is None:
+            n = self._n_win
+            m = len(self._bterm[f])
+            g = groups[f] = WindowGroup(
+                self._w_lo, n, np.frombuffer(self._bval[f], np.uint8).reshape(m, n),
+                np.frombuffer(self._bcnt[f], np.uint8).reshape(m, n),
+                np.frombuffer(self._slots[f], np.uint32), np.frombuffer(self._keys[f], np.uint16))
+        return g
 
     def df(self, t: int) -> int:
         return sum(p[t + 1] - p[t] for p in self._poff)
