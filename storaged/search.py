@@ -2111,7 +2111,10 @@ class SearchIndex:
         if ((accept is None or accept_docs is not None) and rem_size[0] >= _WINDOW_MIN_POSTINGS and n < 1 << 15
                 and sum(tl.size for tl in lists if getattr(tl, "win", None) is None) <= _ARRAY_POSTINGS):
             # (the lists without bounds are read whole: past the array kernel's budget, MaxScore's)
-            return self._pool_windows(lists, limit, ok if accept is not None else None, accept_docs)
+            got = self._pool_windows(lists, limit, accept_docs)
+            if got is not None:
+                return got
+            # the bounds prune too little for this query: the paths below read its lists whole
         if rem_size[0] <= _ARRAY_POSTINGS:
             return self._pool_arrays(lists, limit, ok if accept is not None else None, accept_docs)
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
@@ -2290,6 +2293,21 @@ class SearchIndex:
         bulk_v: dict[int, np.ndarray] = {}  # list number → values, for the lists that are not term lists
         tables: dict[int, int] = {}  # id(impacts) → its offset among the tables side by side
         table_arrays = []
+
+        def to_bulk(i: int, sl: np.ndarray, ks: np.ndarray, w: float, imp: np.ndarray | None) -> None:
+            off = 0
+            if imp is not None:
+                off = tables.get(id(imp))
+                if off is None:
+                    off = tables[id(imp)] = sum(map(len, table_arrays))
+                    table_arrays.append(imp)
+            bulk_s.append(sl)
+            bulk_k.append(ks)
+            bulk_w.append(w)
+            bulk_t.append(off)
+            bulk_n.append(i)
+            bulk_len.append(len(sl))
+
         for i, tl in enumerate(lists):
             if type(tl) is _TermList:
                 imp = impacts.get(id(tl.table))
@@ -2306,28 +2324,16 @@ class SearchIndex:
                     _, q_then, bmax, row, first, group = tl.win
                     scale = float(bmax) / 255.0 * tl.w * _drift(q_then, self._field_q(tl.field))
                     grouped.setdefault(id(group), (group, imp, []))[2].append((i, row, first, len(sl), tl.w, scale))
-                    continue
-                off = tables.get(id(imp))
-                if off is None:
-                    off = tables[id(imp)] = sum(map(len, table_arrays))
-                    table_arrays.append(imp)
-                bulk_s.append(sl)
-                bulk_k.append(ks)
-                bulk_w.append(tl.w)
-                bulk_t.append(off)
+                else:
+                    to_bulk(i, sl, ks, tl.w, imp)
             else:
                 sl, vals = tl.arrays()
                 sl, vals = np.asarray(sl, np.int64), np.asarray(vals, np.float64)
                 order = np.argsort(sl, kind="stable")
                 sl, vals = sl[order], vals[order]
                 sources.append((sl, None, None, None, vals))
-                bulk_v[i] = vals  # put in place below
-                bulk_s.append(sl)
-                bulk_k.append(np.zeros(len(sl), np.uint16))
-                bulk_w.append(0.0)
-                bulk_t.append(0)
-            bulk_n.append(i)
-            bulk_len.append(len(sl))
+                bulk_v[i] = vals  # put in place below (its keys and w: zeros)
+                to_bulk(i, sl, np.zeros(len(sl), np.uint16), 0.0, None)
         for group, imp, members in grouped.values():
             # a segment field's lists at once: their bounds a row each summed into the windows, and
             # where each one's postings of each window begin (rows of counts, summed along)
@@ -2340,18 +2346,8 @@ class SearchIndex:
             wrong = starts[:, -1] != firsts.astype(np.int64) + sizes
             if wrong.any():  # counts that do not add up to the list (a written file never has them)
                 for j in np.flatnonzero(wrong).tolist():
-                    i = int(nums[j])
-                    sl, ks, w, _, _ = sources[i]
-                    off = tables.get(id(imp))
-                    if off is None:
-                        off = tables[id(imp)] = sum(map(len, table_arrays))
-                        table_arrays.append(imp)
-                    bulk_s.append(sl)
-                    bulk_k.append(ks)
-                    bulk_w.append(w)
-                    bulk_t.append(off)
-                    bulk_n.append(i)
-                    bulk_len.append(len(sl))
+                    sl, ks, w, _, _ = sources[int(nums[j])]
+                    to_bulk(int(nums[j]), sl, ks, w, imp)
                 keep = ~wrong
                 nums, rows, ws, scales, cnt, starts = nums[keep], rows[keep], ws[keep], scales[keep], cnt[keep], starts[keep]
                 if not len(nums):
@@ -2387,13 +2383,16 @@ class SearchIndex:
             bulk = None
         return sources, bounded, bulk, bound, count
 
-    def _pool_windows(self, lists: list, limit: int, ok=None,
-                      accept_docs=None) -> tuple[list[int], list[float], list, "QueryScores"]:
+    def _pool_windows(self, lists: list, limit: int,
+                      accept_docs=None) -> tuple[list[int], list[float], list, "QueryScores"] | None:
         """_pool() for a query of at least _WINDOW_MIN_POSTINGS postings, unfiltered or filtered by
-        ``accept_docs`` (an array of docs → a bool array; ``ok``, its doc-by-doc form, is only
-        handed on): the array kernel's pool, scored a few windows of slots at a time (block-max
-        pruning).  The filter is asked about the docs of the windows read; the cut is the
-        limit-th best acceptable live score.
+        ``accept_docs`` (an array of docs → a bool array): the array kernel's pool, scored a few
+        windows of slots at a time (block-max pruning); or None when the bounds prune too little
+        (the windows left after a round hold more than _WINDOW_GIVE_UP of the postings, or a
+        filter left fewer than ``limit`` acceptable docs in the first round's best windows: the
+        bounds are over all docs, and a filter that keeps a minority keeps the cut low).  The
+        filter is asked about the docs of the windows read; the cut is the limit-th best
+        acceptable live score.
 
         Why: the array kernel reads every posting of the query (a common word's list holds much
         of the index: 37 ms a query at 5M events); yet the best docs of a query sit in a small
@@ -2482,11 +2481,11 @@ class SearchIndex:
                 break
             # windows whose bound (with float noise) cannot reach the cut are done with
             cand = cand[~done[cand] & (bound[cand] * (1.0 + 1e-9) + 1e-12 >= cut)]
-            if read + int(count[cand].sum()) > _WINDOW_GIVE_UP * postings and postings <= _ARRAY_POSTINGS:
-                # the bounds prune too little: the array kernel reads every list whole, faster
-                # than gathering most of their windows (the same pool and scores)
-                del alive, slot_doc
-                return self._pool_arrays(lists, limit, ok, accept_docs)
+            if (read + int(count[cand].sum()) > _WINDOW_GIVE_UP * postings
+                    or (accept_docs is not None and len(live_scores) < limit)):
+                # the bounds prune too little: reading every list whole is faster than gathering
+                # most of their windows (and the array kernel gives the same pool and scores)
+                return None
         del alive, slot_doc
         slots = np.concatenate(got_slots) if got_slots else np.zeros(0, np.int64)
         scores = np.concatenate(got_scores) if got_scores else np.zeros(0)

@@ -51,3 +51,12 @@ def test_bench_scale_tiny(tmp_path):
         assert (fts5 != "-") == label.startswith(FTS5_ROWS), label
         assert met in ("met", "NOT met", "-"), label
     assert "convmem beside SQLite FTS5" in stdout
+    # the kernels side by side on the same store, in-process (the daemon has stopped)
+    kern = tmp_path / "kernels.json"
+    run = subprocess.run([sys.executable, "-m", "bench.search_kernels", "--dir", str(d), "--json", str(kern)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    got = json.loads(kern.read_text())
+    for tool in ("search_messages", "search_sessions"):
+        for kernel in ("windows", "arrays"):
+            assert got[tool][kernel]["all"]["n"] == len(json.loads((d / "corpus" / "queries.json").read_text()))

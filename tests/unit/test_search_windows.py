@@ -364,7 +364,7 @@ def test_a_filter_over_arrays_of_docs_takes_the_window_kernel_with_the_same_answ
 
     def spy(self, *a, **kw):
         out = real(self, *a, **kw)
-        taken.append(isinstance(out[3], S._WindowScores))
+        taken.append(out is not None)  # None: handed to the paths that read every list
         return out
 
     monkeypatch.setattr(S.SearchIndex, "_pool_windows", spy)
@@ -379,7 +379,7 @@ def test_a_filter_over_arrays_of_docs_takes_the_window_kernel_with_the_same_answ
             a, b = both(monkeypatch, lambda: ranked_search(ix, q, 12, accept=accept, neighbours=neighbours,
                                                            accept_docs=accept_docs))
             assert a == b, (name, q)
-    assert any(taken) and taken.count(True) > len(taken) // 2
+    assert True in taken and False in taken  # a broad filter is pruned; "none" leaves the cut low: handed on
 
 
 def test_counts_that_do_not_add_up_to_a_list_leave_it_to_be_read_whole(tmp_path, monkeypatch):
