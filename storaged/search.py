@@ -34,14 +34,14 @@ scanned, probe steps; a filter that rejects nearly everything: filter calls; man
 CJK runs: expansion postings).  Then the docs returned may not be the exact top-k, but their
 scores are; SearchIndex.search says which queries are guaranteed exact.
 
-Block-max pruning (the window kernel, SearchIndex._pool_windows): an unfiltered query of at least
-_WINDOW_MIN_POSTINGS postings is not summed whole.  The slots are cut into windows of 64; a segment
+Block-max pruning (the window kernel, SearchIndex._pool_windows): a query of at least
+_WINDOW_MIN_POSTINGS postings, unfiltered or filtered over arrays of docs, is not summed whole.  The slots are cut into windows of 64; a segment
 keeps, for each of its long lists, the list's highest impact and postings in each window, so a query
 knows, per window, the most its lists together can add to one doc there.  Windows are scored best
 bound first, a round at a time, and the search stops when no window left can reach the pool's worst
 score: the array kernel's pool and scores to the bit, from a few percent of the postings on the
-queries that matter (a common word beside a rarer one).  A query whose windows all stay in the
-running is handed to the array kernel.
+queries that matter (a common word beside a rarer one).  A query the bounds prune too little is
+handed back to the paths that read every list.
 
 CJK: a query run's bigrams are OR-ed terms; in addition, a doc whose field holds every bigram of a
 run (the phrase, or all its pieces) gets a bonus equal to the most any doc could score from those
@@ -133,8 +133,9 @@ _ACCEPT_BUDGET = _SCAN_BUDGET  # >= the docs any query within the scan budget ca
 # postings, 13/21/56 ms with the kernel up to 4M; its transient arrays are ~14 bytes a posting.
 _ARRAY_POSTINGS = 4_000_000
 # Window bounds (block-max pruning): a segment keeps, for each list of at least _BOUND_MIN postings,
-# its highest impact in each window of 2**_WINDOW_SHIFT slots. An unfiltered query of at least
-# _WINDOW_MIN_POSTINGS postings is then scored a few windows at a time, best bound first, and stops at
+# its highest impact in each window of 2**_WINDOW_SHIFT slots (and _BOUND_DENSITY postings a window on
+# average). A query of at least _WINDOW_MIN_POSTINGS postings (unfiltered, or filtered over arrays of
+# docs) is then scored a few windows at a time, best bound first, and stops at
 # the first window whose bound cannot reach its best docs (SearchIndex._pool_windows): the same pool
 # and scores as the array kernel, without reading most of the long lists (bench/SPIKES.md part 10).
 _WINDOW_SHIFT = 6
@@ -276,8 +277,6 @@ def _window_bounds(off: np.ndarray, slots: np.ndarray, keys: np.ndarray, lo: int
     a window on average (a shorter list costs less to read than its bounds), each one's highest
     impact (float32, rounded up), and per window of the range its highest there in 255ths of that
     (rounded up: a bound is never below the impact it bounds) and its postings there."""
-    if not 0 <= _WINDOW_SHIFT <= 7:
-        raise ValueError("a window's count of postings must fit a byte")
     counts = np.diff(off)
     w_lo, w_hi = segment_window_range(lo, hi, _WINDOW_SHIFT)
     nw = w_hi - w_lo
@@ -370,7 +369,7 @@ class _TermList:
         self.table = table
         self.size = _list_size(slots)
         self.ub = w * table[(maxtf << _DL_BITS) | 1]
-        self.win = win  # (first window, average length, f32 bounds) from a segment (Segment.bounds), or None
+        self.win = win  # its bounds in a segment (Segment.bounds), or None
 
     def scan_into(self, acc: dict) -> None:
         w, table, slots = self.w, self.table, self.slots
@@ -2401,9 +2400,8 @@ class SearchIndex:
         each round sums its windows' postings as the kernel does (per doc, lists in order: the
         same totals to the bit); then every window whose bound cannot reach the limit-th best
         live score found (within float noise) is dropped, as no doc there can enter the pool.  So
-        the pool is the kernel's, unless the query reads past _ARRAY_POSTINGS postings first:
-        then it is the best of the windows read (the kernel's own budget, where MaxScore took
-        over)."""
+        the pool is the kernel's, unless the query reads past _WINDOW_BUDGET postings first: then
+        it is the best of the windows read (every score exact; the array kernel's own budget)."""
         shift = _WINDOW_SHIFT
         wsize = 1 << shift
         sources, bounded, bulk, bound, count = self._window_sources(lists)

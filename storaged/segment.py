@@ -80,6 +80,7 @@ HEAD = struct.Struct("<8sIIIQQQQ")
 N_SECTIONS = {1: 4 + 4 * NFIELDS, 2: 4 + 4 * NFIELDS + 1 + NFIELDS, 3: 4 + 4 * NFIELDS + 1 + NFIELDS + 1 + 4 * NFIELDS + 1}
 SECTIONS = {v: struct.Struct("<" + "QQ" * n) for v, n in N_SECTIONS.items()}
 CRC = struct.Struct("<I")
+MAX_WINDOW_SHIFT = 7  # windows of at most 128 slots: a window's count of a list's postings fits a byte
 SAMPLE = 128  # a lookup's first bisection is of every SAMPLE-th term (Segment._lower_bound)
 SAMPLE_STEP = 1024  # samples made per idle step (~1.5 ms)
 HEADER_SIZE = {v: HEAD.size + sec.size + CRC.size for v, sec in SECTIONS.items()}
@@ -164,6 +165,8 @@ def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], f
         none = (np.zeros(0, np.uint32), np.zeros(0, np.float32), np.zeros(0, np.uint8), np.zeros(0, np.uint8))
         windows = (0, [0.0] * NFIELDS, [none] * NFIELDS)
     shift, avgs, bounds = windows
+    if not 0 <= shift <= MAX_WINDOW_SHIFT:
+        raise ValueError("a window's count of postings must fit a byte")
     w_lo, w_hi = window_range(slot_lo, slot_hi, shift)
     if len(avgs) != NFIELDS or len(bounds) != NFIELDS or any(
             len(bm) != len(bt) or len(bv) != len(bt) * (w_hi - w_lo) or len(bc) != len(bv)
@@ -360,7 +363,8 @@ class Segment:
             self._slot_doc = views[per_slot].cast("Q") if version >= 2 else None
             self._lens = [views[per_slot + 1 + f].cast("I") for f in range(NFIELDS)] if version >= 2 else None
             self.window_shift = None  # no bounds (a segment of an earlier version, or none written)
-            self._bterm = self._bmax = self._bval = self._bcnt = self._hash = self._groups = None
+            self._bterm = self._bmax = self._bval = self._bcnt = self._hash = None
+            self._groups: list[WindowGroup | None] = [None] * NFIELDS  # made on a query's first need
             if version >= 3:
                 meta = views[per_slot + 1 + NFIELDS].cast("d")
                 base = per_slot + 2 + NFIELDS
@@ -373,7 +377,7 @@ class Segment:
                     raise TypeError
                 self._win_avg = list(meta[1:])
                 if any(len(b) for b in self._bterm):
-                    if not (all(0.0 < q < math.inf for q in self._win_avg) and meta[0] in range(8)):
+                    if not (all(0.0 < q < math.inf for q in self._win_avg) and meta[0] in range(MAX_WINDOW_SHIFT + 1)):
                         raise SegmentInvalid(f"segment {self.name}: window bounds of an impossible size or length")
                     self.window_shift = int(meta[0])
         except TypeError:
@@ -409,10 +413,7 @@ class Segment:
         if self._hash is not None and len(self._hash) != hash_size(n):
             raise bad("a term hash table of a wrong size")
         if self.window_shift is not None:
-            shift = self.window_shift
-            if not 0 <= shift <= 7:  # a window's count of a term's postings fits a byte
-                raise bad("a window size out of range")
-            self._w_lo, w_hi = window_range(self.slot_lo, self.slot_hi, shift)
+            self._w_lo, w_hi = window_range(self.slot_lo, self.slot_hi, self.window_shift)
             self._n_win = w_hi - self._w_lo
             for bt, bm, bv, bc in zip(self._bterm, self._bmax, self._bval, self._bcnt):
                 if (len(bm) != len(bt) or len(bv) != len(bt) * self._n_win or len(bc) != len(bv)
@@ -541,14 +542,11 @@ class Segment:
     def window_group(self, f: int) -> "WindowGroup":
         """Field f's bound tables and postings as numpy views of the mapping, made once: a query
         gathers all of its lists in this segment and field from them at once."""
-        groups = self._groups
-        if groups is None:
-            groups = self._groups = [None] * NFIELDS
-        g = groups[f]
+        g = self._groups[f]
         if g is None:
             n = self._n_win
             m = len(self._bterm[f])
-            g = groups[f] = WindowGroup(
+            g = self._groups[f] = WindowGroup(
                 self._w_lo, n, np.frombuffer(self._bval[f], np.uint8).reshape(m, n),
                 np.frombuffer(self._bcnt[f], np.uint8).reshape(m, n),
                 np.frombuffer(self._slots[f], np.uint32), np.frombuffer(self._keys[f], np.uint16))

@@ -15,6 +15,7 @@ from storaged import segment as G
 from storaged.fileio import FileIO
 from storaged.rank import ranked_search
 from storaged.search import SearchIndex
+from tests.unit.test_search_kernel import neighbours, ranked_cases
 
 JA = ["会議", "議事録", "ありがとう", "東京", "京都", "予定", "確認"]
 
@@ -24,13 +25,6 @@ def small_windows(monkeypatch):
     monkeypatch.setattr(S, "_WINDOW_SHIFT", 4)
     monkeypatch.setattr(S, "_BOUND_MIN", 8)
     monkeypatch.setattr(S, "_BOUND_DENSITY", 0)
-
-
-def neighbours(doc, r):
-    lo = (doc - 1) // 12 * 12 + 1
-    seqs = list(range(lo, lo + 12))
-    i = seqs.index(doc)
-    return seqs[max(0, i - r):i][::-1], seqs[i + 1:i + 1 + r]
 
 
 def build(tmp_path, rng, n=3000, segments=3, legacy=False):
@@ -168,10 +162,8 @@ def test_window_scorer_gives_the_same_own_scores_and_breakdowns(corpus, monkeypa
 
 def test_ranked_search_is_unchanged_by_the_window_kernel(corpus, monkeypatch):
     ix, texts, queries = corpus
-    tb = lambda d: (d % 5, d)  # noqa: E731
     for q in queries:
-        for kw in ({}, {"accept": lambda d: d % 3 == 0}, {"tiebreak": tb, "own_match": True},
-                   {"text_of": texts.get, "tiebreak": tb}):
+        for kw in ranked_cases(texts):
             a, b = both(monkeypatch, lambda: ranked_search(ix, q, 12, neighbours=neighbours, **kw))
             assert a == b, (q, kw)
 
@@ -245,6 +237,13 @@ def test_a_reopened_segment_keeps_its_bounds_and_refuses_bad_ones(corpus, tmp_pa
                 lambda t: (), np.zeros(40, np.uint64), [np.zeros(40, np.uint32)] * 3,
                 (4, [1.0, 1.0, 1.0], [(np.array([0], np.uint32), np.ones(1, np.float32), np.zeros(2, np.uint8),
                                        np.zeros(3, np.uint8))] * 3))
+    with pytest.raises(ValueError, match="fit a byte"):  # windows too wide for a byte's count
+        G.write(FileIO(), str(tmp_path / "y.seg"), 0, 40, ["a"], [(np.array([0, 1]), np.array([3]), np.array([1]),
+                                                                  np.array([0]))] * 3,
+                lambda t: (), np.zeros(40, np.uint64), [np.zeros(40, np.uint32)] * 3,
+                (G.MAX_WINDOW_SHIFT + 1, [1.0, 1.0, 1.0], [(np.array([0], np.uint32), np.ones(1, np.float32),
+                                                            np.zeros(1, np.uint8), np.zeros(1, np.uint8))] * 3))
+    assert not (tmp_path / "x.seg").exists() and not (tmp_path / "y.seg").exists()
 
 
 def test_a_segment_whose_bounds_do_not_fit_is_refused_even_when_its_checksum_holds(corpus, tmp_path):
