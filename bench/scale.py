@@ -12,7 +12,8 @@ printed from the merged results, so a re-run of one phase updates its rows only)
   ingest  a fresh data directory (DIR/data) and a real daemon on its own ipc endpoint; the batches
           sent one at a time as ``import_messages`` (the ingester's batches and sizes; its parsing is
           not timed, gen did it) -> events/s; the daemon's VmHWM (peak) and VmRSS / RssAnon after.
-  start   SIGTERM (clean stop, by PID), start: seconds from spawn until ``ping`` says loaded and until
+  start   once the running daemon serves a search (its index caught up with what it replayed or
+          was imported), SIGTERM (clean stop, by PID), start: seconds from spawn until ``ping`` says loaded and until
           the first ``search_messages`` answers OK; then a tail of --tail events (fresh ids) is
           imported, the idle daemon SIGKILLed and started again (the tail is replayed): same figures.
   search  the query mix (prompt words, error lines, Japanese keywords, common words, rare words): a
@@ -34,7 +35,8 @@ printed from the merged results, so a re-run of one phase updates its rows only)
 The table at the end lists each goal of the issue, our figure, FTS5's where there is one, the goal
 and whether it is met. LoCoMo recall is not measured here (``python -m bench.run``).
 
-Every process this starts is ended by PID in a ``finally`` (Ctrl-C included); sockets are ipc under
+At the end of a run the daemon is stopped cleanly (SIGTERM), so a later run of other phases starts
+from its snapshot. Every process this starts is ended by PID in a ``finally`` (Ctrl-C included); sockets are ipc under
 DIR; nothing is written outside DIR. The machine is shared: figures are single runs, noisy.
 """
 from __future__ import annotations
@@ -46,6 +48,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -164,9 +167,28 @@ class Bench:
         return self.running().client(timeout_ms=LONG_MS, retries=0)
 
     def close(self) -> None:
+        """Stop the daemon cleanly (SIGTERM: it writes its snapshot), so that a later run's phases start
+        from a settled store rather than replaying what this run imported; the teardown kill after it
+        only ends what did not stop."""
         if self.daemon is not None:
+            if self.daemon.alive():
+                try:
+                    self.daemon.terminate(signal.SIGTERM, timeout=LONG_MS / 1000)
+                except subprocess.TimeoutExpired:
+                    pass
             self.daemon.close()
             self.daemon = None
+
+    def settled(self, query: str) -> Daemon:
+        """The running daemon once it serves ``query``: its search index has caught up with whatever
+        its start replayed or its imports queued (searches are BUSY until then), so that a clean stop
+        right after leaves a snapshot with nothing left to index."""
+        d = self.running()
+        with self.client() as c:
+            rep = c.call("search_messages", {"query": query, "limit": LIMIT}, busy_retry=True)
+            if not ok(rep):
+                raise RuntimeError(f"search_messages failed: {rep}")
+        return d
 
     def mem(self) -> dict[str, float]:
         return proc_mem(self.running().pid)
@@ -233,7 +255,7 @@ class Bench:
 
     def start(self) -> dict[str, Any]:
         query = scale_corpus.queries(self.d)[0][1]
-        d = self.running()
+        d = self.settled(query)
         d.terminate(signal.SIGTERM, timeout=LONG_MS / 1000)
         clean = self.timed_start(query)
         with self.client() as c:

@@ -74,7 +74,6 @@ import time
 from array import array
 from bisect import bisect_left, insort
 from collections import Counter
-from concurrent.futures import Future
 from functools import lru_cache
 from heapq import heapify, heappop, nlargest
 from itertools import accumulate, compress, repeat
@@ -1002,6 +1001,7 @@ class _MemPart:
 
     __slots__ = ("vocab", "terms", "slots", "keys", "maxtf", "prefix", "slot_lo", "slot_hi", "nbytes", "postings_count",
                  "_char_index")
+    verified = True  # made in this process (a Segment opened DEFERRED is not, until checked)
 
     def __init__(self, vocab, terms, slots, keys, maxtf, prefix, char_index, slot_lo, slot_hi,
                  nbytes=0, postings_count=0):
@@ -1146,17 +1146,6 @@ def _segment_path(directory: str, name: Any) -> str | None:
     if not isinstance(name, str) or not is_index_segment_name(name) or os.sep in name:
         return None
     return os.path.join(directory, name)
-
-
-def start_segment_checks(dump: Any, directory: str, io) -> dict[str, Future] | None:
-    """Begin checking the segments a dump names (``segment.start_body_crcs``) on other threads: a start
-    reads its row segments meanwhile, and ``SearchIndex.load`` takes the futures (``crcs``). None when
-    the dump is not one (``load`` says what is wrong with it)."""
-    try:
-        paths = [_segment_path(directory, name) for name, _, _ in dump.get("segments", [])]
-    except (AttributeError, TypeError, ValueError):
-        return None
-    return start_body_crcs(io or FileIO(), [p for p in paths if p is not None])
 
 
 class SearchIndex:
@@ -1524,7 +1513,9 @@ class SearchIndex:
             return None
         size = sum(p.postings_count for p in parts[i:])
         cap = _INLINE_MERGE_MAX_POSTINGS if inline else _MERGE_MAX_POSTINGS
-        while i and size + parts[i - 1].postings_count <= cap and (
+        # (never over a segment whose deferred CRC check is still to come: a merge would copy its damage
+        # under a fresh CRC)
+        while i and parts[i - 1].verified and size + parts[i - 1].postings_count <= cap and (
                 parts[i - 1].postings_count <= _MERGE_RATIO * size or i >= _MAX_SEGMENTS):
             i -= 1
             size += parts[i].postings_count
@@ -1775,6 +1766,10 @@ class SearchIndex:
 
     def segment_names(self) -> list[str]:
         return [p.name for p in self._parts if isinstance(p, Segment)]
+
+    def unverified_segments(self) -> list[Segment]:
+        """The segments opened ``DEFERRED`` whose CRC has not been checked yet (``Segment.check_body``)."""
+        return [p for p in self._parts if isinstance(p, Segment) and not p.verified]
 
     def names_after(self, plan: "SegmentPlan | None") -> list[str]:
         """The segments the index will consist of once ``plan`` (just made) is adopted."""
@@ -2623,28 +2618,26 @@ class SearchIndex:
         return out
 
     @classmethod
-    def load(cls, data: dict[str, Any], directory: str | None = None, io=None, verify: bool = True,
-             crcs: dict[str, Any] | None = None) -> "SearchIndex":
+    def load(cls, data: dict[str, Any], directory: str | None = None, io=None, verify: bool | str = True) -> "SearchIndex":
         """The index a dump describes, its segments mapped from ``directory`` (``verify`` False: not
-        checked against their CRCs, for segments a child of this process has just written).  Raises ValueError
+        checked against their CRCs, for segments a child of this process has just written;
+        ``segment.DEFERRED``: checked after a store's start, ``unverified_segments``).  Raises ValueError
         on anything that is not a dump of a readable format, or whose segments are missing or do
-        not fit it (SegmentInvalid), DumpOutdated if it is one of an earlier tokenizer. ``crcs``: the
-        segments' body CRCs by path, as futures (``start_segment_checks``)."""
+        not fit it (SegmentInvalid), DumpOutdated if it is one of an earlier tokenizer."""
         if isinstance(data, dict) and data.get("format") in _OUTDATED_FORMATS:
             raise DumpOutdated(f"search index dump {data['format']} holds another tokenizer's terms")
         if not isinstance(data, dict) or data.get("format") not in _READABLE_FORMATS:
             raise ValueError("not a search index dump")
         try:
             self = cls._load(data)
-            self._open_segments(data.get("segments", []), data.get("mem_lo", 0), directory, io, verify, crcs)
+            self._open_segments(data.get("segments", []), data.get("mem_lo", 0), directory, io, verify)
             if data["format"] == _FORMAT:
                 self._load_per_slot(data)
             return self
         except (KeyError, TypeError, IndexError, AttributeError, OverflowError, UnicodeError) as exc:
             raise ValueError(f"corrupt search index dump ({type(exc).__name__})") from None
 
-    def _open_segments(self, listed: list, mem_lo: int, directory: str | None, io, verify: bool = True,
-                       crcs: dict[str, Any] | None = None) -> None:
+    def _open_segments(self, listed: list, mem_lo: int, directory: str | None, io, verify: bool | str = True) -> None:
         """Map the dump's segments: each must exist, be whole, and cover the slots the dump says,
         one after the other from slot 0 up to ``mem_lo``, where the dump's own lists begin."""
         if listed and directory is None:
@@ -2654,8 +2647,7 @@ class SearchIndex:
         for (name, _, _), path in zip(listed, paths):
             if path is None:
                 raise SegmentInvalid(f"not a segment name: {name!r}")
-        if crcs is None:
-            crcs = start_body_crcs(io or FileIO(), paths) if verify else {}
+        crcs = start_body_crcs(io or FileIO(), paths) if verify is True else {}
         for (name, lo, hi), path in zip(listed, paths):
             check = crcs.get(path)
             seg = Segment(path, io, verify, None if check is None else check.result())

@@ -45,10 +45,16 @@ version 1 segment (the release before) has no per-slot tables; the search dump t
 range's itself.
 
 Every section starts 8-byte aligned; the numbers after the head are in the writer's native byte
-order (a segment of the other order is refused: the index is then rebuilt from the log). The whole
-file, head included, is checked against its CRC at open and each section against the file's size, so
-a torn or rotten file is refused (a file that passes the CRC was written by write(), whose tables are
-sound); which file belongs to which snapshot is the snapshot's business (its manifest).
+order (a segment of the other order is refused: the index is then rebuilt from the log). Each section
+is checked against the file's size at open; the whole file, head included, against its CRC — at open
+(``verify=True``), or, for a store's start, after it (``verify=DEFERRED``, then ``check_later``): at
+five million events the segments are 3.8 GB, ~2 s of CRC on a core, which a start that checked them
+first spent before its first search. LevelDB checks a table's blocks only as reads need them, and
+only if asked; here every byte is still checked, on a low-priority thread while the store serves, and
+a segment that fails is never merged into another meanwhile (``SearchIndex.plan``), so its damage
+cannot be copied under a fresh CRC: the store then drops the index and builds it again from the log
+(``Store.discard_index``). A file that passes the CRC was written by write(), whose tables are sound;
+which file belongs to which snapshot is the snapshot's business (its manifest).
 """
 from __future__ import annotations
 
@@ -56,6 +62,7 @@ import math
 import os
 import struct
 import sys
+import threading
 import zlib
 from bisect import bisect_left
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -66,7 +73,7 @@ import numpy as np
 from . import layout
 from .fileio import FileIO, Paced
 
-__all__ = ["Segment", "SegmentInvalid", "write", "new_name", "is_segment_name", "is_index_segment_name",
+__all__ = ["Segment", "SegmentInvalid", "DEFERRED", "check_later", "write", "new_name", "is_segment_name", "is_index_segment_name",
            "is_rows_segment_name"]
 
 MAGIC = b"CMSEG\x00\x00\x01"
@@ -85,6 +92,12 @@ SAMPLE = 128  # a lookup's first bisection is of every SAMPLE-th term (Segment._
 SAMPLE_STEP = 1024  # samples made per idle step (~1.5 ms)
 HEADER_SIZE = {v: HEAD.size + sec.size + CRC.size for v, sec in SECTIONS.items()}
 _LITTLE = 1 if sys.byteorder == "little" else 0
+
+
+# Segment(verify=DEFERRED): the CRC is not checked at open but by ``check_body``, later
+DEFERRED = "deferred"
+# the nice value the deferred checks run at (their thread's own: the request loop keeps its priority)
+CHECK_NICE = 10
 
 
 class SegmentInvalid(ValueError):
@@ -279,6 +292,31 @@ def start_body_crcs(io: FileIO, paths: Sequence[str]) -> dict[str, Future]:
         pool.shutdown(wait=False)   # the threads end with their work; the caller waits on the futures
 
 
+def check_later(segments: Sequence["Segment"], io: FileIO) -> "Future[list[tuple[Segment, str]]]":
+    """``check_body`` of each of ``segments`` in turn on one thread of its own at CHECK_NICE (so the
+    request loop, the catch-up child and the snapshot child keep their share of two cores); the
+    future's result: (segment, what is wrong) of each that failed."""
+
+    def work() -> list[tuple[Segment, str]]:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CHECK_NICE)
+        except (OSError, AttributeError):   # not Linux, or not allowed: at the loop's own priority
+            pass
+        failed = []
+        for seg in segments:
+            try:
+                seg.check_body(io)
+            except SegmentInvalid as exc:
+                failed.append((seg, str(exc)))
+        return failed
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-check")
+    try:
+        return pool.submit(work)
+    finally:
+        pool.shutdown(wait=False)
+
+
 class WindowGroup(NamedTuple):
     """One field of a segment as the window kernel reads it (Segment.window_group): its windows
     (the first, how many), its long lists' bounds and counts a row each (u8, rows × windows), and
@@ -296,16 +334,18 @@ class Segment:
     postings come back as memoryviews of the mapping (a one-posting list as a bare int, as the
     in-memory index keeps it), valid while the Segment lives."""
 
-    __slots__ = ("name", "path", "size", "version", "slot_lo", "slot_hi", "n_terms", "maxtf_all", "postings_count", "_buf",
+    __slots__ = ("name", "path", "size", "version", "verified", "_head_crc", "slot_lo", "slot_hi", "n_terms", "maxtf_all", "postings_count", "_buf",
                  "_toff", "_tbytes", "_char_cp", "_char_term", "_poff", "_slots", "_keys", "_maxtf", "_slot_doc", "_lens",
                  "_samples", "_sampling", "window_shift", "_w_lo", "_n_win", "_win_avg", "_bterm", "_bmax", "_bval",
                  "_bcnt", "_hash", "_groups")
 
-    def __init__(self, path: str, io: FileIO | None = None, verify: bool = True,
+    def __init__(self, path: str, io: FileIO | None = None, verify: bool | str = True,
                  body_crc: int | None | OSError = None) -> None:
         """``verify=False`` skips the CRC (reading the whole file): for a segment this process or its
-        snapshot child has just written and fsynced, adopted on the request loop's thread; every
-        start checks it. ``body_crc``: the body's CRC as ``start_body_crcs`` computed it (on another thread)."""
+        snapshot child has just written and fsynced, adopted on the request loop's thread.
+        ``verify=DEFERRED``: a store's start, which checks it after it serves (``check_body``; until
+        then ``verified`` is False). ``body_crc``: the body's CRC as ``start_body_crcs`` computed it
+        (on another thread)."""
         io = io or FileIO()
         self.path = path
         self.name = os.path.basename(path)
@@ -326,6 +366,9 @@ class Segment:
             raise SegmentInvalid(f"segment {self.name} is truncated")
         sec = SECTIONS[version].unpack_from(buf, HEAD.size)
         (crc,) = CRC.unpack_from(buf, header_size - CRC.size)
+        deferred = verify == DEFERRED
+        if deferred:
+            verify = False
         try:
             if isinstance(body_crc, OSError):
                 raise body_crc
@@ -335,6 +378,8 @@ class Segment:
             raise SegmentInvalid(f"segment {self.name} cannot be read ({exc.strerror or exc})") from None
         if verify and zlib.crc32(bytes(buf[:header_size - CRC.size]), body_crc) != crc:
             raise SegmentInvalid(f"segment {self.name} fails its checksum")
+        self.verified = not deferred
+        self._head_crc = (bytes(buf[:header_size - CRC.size]), crc) if deferred else None
         mv = memoryview(buf)
         views = []
         for i in range(N_SECTIONS[version]):
@@ -387,6 +432,21 @@ class Segment:
         self.postings_count = sum(len(s) for s in self._slots)
 
     nbytes = 0  # on the heap: the mapping is the page cache's, not the daemon's
+
+    def check_body(self, io: FileIO) -> None:
+        """The CRC a ``DEFERRED`` open skipped, read through the page cache (pread, not the mapping):
+        raises SegmentInvalid if the file fails it or cannot be read; ``verified`` once it holds.
+        Safe on another thread: it reads only what the open fixed."""
+        if self.verified:
+            return
+        head, crc = self._head_crc
+        try:
+            body_crc = _file_crc(io, self.path, len(head) + CRC.size, self.size)
+        except OSError as exc:
+            raise SegmentInvalid(f"segment {self.name} cannot be read ({exc.strerror or exc})") from None
+        if zlib.crc32(head, body_crc) != crc:
+            raise SegmentInvalid(f"segment {self.name} fails its checksum")
+        self.verified = True
 
     def _check(self, n_chars: int) -> None:
         """The sizes the header promises, and the last offset of each table: a file that passes its

@@ -391,6 +391,8 @@ class Server:
                 self._note_slow(t0, lambda: "installing the rebuilt log, snapshot and index")
             if self.split is not None:
                 self._reap_split(block=False)
+            if self.store is not None and self.store.index_check is not None:
+                self._take_index_check()
             if self.store is not None:
                 t0 = time.monotonic()
                 self._background_snapshot()
@@ -535,6 +537,23 @@ class Server:
         self.split = (pid, split)
         LOG.info("search index catch-up: %d of %d queued messages indexed by a child (pid %d)",
                  len(split.seqs), len(store.unindexed), pid)
+
+    def _take_index_check(self) -> None:
+        """The outcome of the deferred CRC checks of the index segments the start mapped, once they are
+        done (Store.index_check_step): on a failure the children working on the old index end first
+        (the catch-up child's part is queued again, the snapshot child's plan dropped), then the store
+        builds the index again (Store.discard_index) — unless a rebuild is replacing it already."""
+        reason = self.store.index_check_step()
+        if reason is None:
+            return
+        if self.store.rebuilding:
+            LOG.error("the search index was damaged (%s); the rebuild under way replaces it", reason)
+            return
+        if self.split is not None:
+            self._reap_split(block=True)
+        if self.snapshot_child is not None:
+            self._reap_snapshot_child(block=True, kill=True)
+        self.store.discard_index(reason)
 
     def _reap_split(self, block: bool, wait_s: float = 0.0) -> None:
         """Install the catch-up child's segment once it has ended (``block``: waiting up to ``wait_s``,

@@ -46,8 +46,8 @@ from .indexes import IndexSizes, RelationIndex, Session, TouchIndex, sessions_fr
 from .ingeststate import IngestState
 from .model import Message, message_from_args
 from .packedmap import PackedMap
-from .search import DumpOutdated, SearchIndex, SegmentPlan, start_segment_checks
-from .segment import Segment, is_segment_name, new_name as new_segment_name
+from .search import DumpOutdated, SearchIndex, SegmentPlan
+from .segment import DEFERRED, Segment, check_later, is_segment_name, new_name as new_segment_name
 from .sessionorder import SessionOrder
 from .text import LogText, locate
 
@@ -170,6 +170,9 @@ class Store:
         # indexing. Whoever searches reads ``search``, which first indexes whatever is still queued.
         self._index = SearchIndex()
         self.unindexed: deque[int] = deque()
+        # the deferred CRC checks of the index segments the start mapped (segment.check_later), until
+        # index_check_step has taken their outcome
+        self.index_check = None
         # imports are refused BUSY while this many messages wait for the index (index_backlog; the daemon
         # sets it; None: no limit), so a bulk import goes at the indexing's pace and the index is never far behind
         self.index_queue_max: int | None = None
@@ -344,14 +347,16 @@ class Store:
 
     def _load_snapshot(self, salt: bytes, log_size: int) -> int:
         reader = None
-        checks: list = []   # the index segments' CRCs, computed on other threads while the rows are read
         try:
-            reader = snapshot.Reader(self.io, self.snapshot_path,
-                                     lambda dump: checks.append(start_segment_checks(dump, self.dir, self.io)))
+            reader = snapshot.Reader(self.io, self.snapshot_path)
             meta = reader.meta
             if meta.get("log_salt") != salt or not (logfile.HEADER_SIZE <= meta.get("log_pos", -1) <= log_size):
                 raise snapshot.SnapshotInvalid("snapshot belongs to another log or a longer one")
-            self._index = SearchIndex.load(reader.search_dump, self.dir, self.io, crcs=checks[0] if checks else None)
+            # the index segments' CRCs are checked after the start, on a thread of low priority that
+            # begins now, while the rows load (segment.DEFERRED; index_check_step acts on the outcome)
+            self._index = SearchIndex.load(reader.search_dump, self.dir, self.io, verify=DEFERRED)
+            unverified = self._index.unverified_segments()
+            self.index_check = check_later(unverified, self.io) if unverified else None
             reader.search_dump = None
             self.row_segments = reader.row_segments
             self.rows_tracked = reader.row_segments is not None
@@ -379,8 +384,10 @@ class Store:
         try:
             return self._load_snapshot_state(meta, reader)
         except (snapshot.SnapshotInvalid, ValueError, KeyError, TypeError, IndexError) as exc:
-            # Its checksum held, so only a bug or a checksum collision gets here, half-way through the
-            # rows: start again from a fresh state and replay the whole log, as for any unusable snapshot.
+            # A row segment that failed its checksum (checked on another thread while the tails were
+            # applied: Reader._rows_checked), or, its checksum held, a bug or a checksum collision,
+            # half-way through the rows: start again from a fresh state and replay the whole log, as for
+            # any unusable snapshot.
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
             cursor_key = self.cursor_key
             self.log_text.close()  # the fresh state opens its own
@@ -716,6 +723,32 @@ class Store:
         old, self._index = self._index, index
         self.unindexed.clear()
         return old
+
+    def index_check_step(self) -> str | None:
+        """Once the deferred CRC checks of the start's index segments are done: what failed (None while
+        they run, or when every segment the index still maps holds). Taken once."""
+        check = self.index_check
+        if check is None or not check.done():
+            return None
+        self.index_check = None
+        mapped = set(self._index.segment_names())
+        failed = [why for seg, why in check.result() if seg.name in mapped]
+        if not failed:
+            LOG.info("the search index's segments passed their CRC check")
+        return "; ".join(failed) or None
+
+    def discard_index(self, reason: str) -> None:
+        """A segment of the search index failed its CRC after the start (``reason``): the index is
+        dropped and every live message queued for a new one, which the loop and its catch-up child build
+        from the log as after a replay; searches are answered BUSY until it holds them all, writes go on.
+        The damaged file goes once no snapshot names it. The caller has ended any child that works on
+        the old index (a snapshot's, a catch-up's)."""
+        self.last_error = (f"the search index was damaged ({reason}); it is being built again from the log, "
+                           f"searches are answered BUSY until it is done")
+        LOG.error("%s", self.last_error)
+        fresh = SearchIndex()
+        fresh.retire(self.replace_index(fresh))
+        self.unindexed.extend(self.table.live_seqs().tolist())
 
     def index_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> bool:
         """Index queued messages, oldest first, until the queue is empty or the monotonic clock passes

@@ -182,7 +182,8 @@ def test_a_snapshot_never_installed_hands_its_rows_to_the_next(tmp_path, monkeyp
     s.close()
 
 
-@pytest.mark.parametrize("damage", ["missing-delta", "flipped-base", "other-count", "other-dead", "no-segment"])
+@pytest.mark.parametrize("damage", ["missing-delta", "flipped-base", "flipped-tail", "other-count", "other-dead",
+                                    "no-segment"])
 def test_a_missing_or_damaged_row_segment_makes_the_whole_snapshot_unused(tmp_path, damage):
     d = str(tmp_path)
     s = based_and_changed(d, 12)
@@ -192,10 +193,11 @@ def test_a_missing_or_damaged_row_segment_makes_the_whole_snapshot_unused(tmp_pa
     s.close()
     if damage == "missing-delta":
         os.remove(os.path.join(d, delta))
-    elif damage == "flipped-base":
+    elif damage in ("flipped-base", "flipped-tail"):
+        # the rows, or the tail the start decodes and applies while the checksum is computed beside it
         path = os.path.join(d, base)
         data = bytearray(open(path, "rb").read())
-        data[len(data) // 2] ^= 0x01
+        data[len(data) // 2 if damage == "flipped-base" else data.rfind(b"session_meta") + 2] ^= 0x01
         open(path, "wb").write(data)
     else:  # a manifest that says a segment holds other rows or dead seqs than it does, or names none
         meta, _, dump = snapshot.read(FileIO(), os.path.join(d, "snapshot"))

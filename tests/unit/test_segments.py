@@ -8,6 +8,7 @@ import os
 import random
 
 import msgpack
+import numpy as np
 import pytest
 
 from storaged import search as search_mod
@@ -302,13 +303,32 @@ def test_an_inline_snapshot_merges_only_small_segments(tmp_path, monkeypatch):
     assert len(index.plan().parts) == 2  # the same state in the child: the ratio rule merges them
 
 
-def test_a_segment_that_cannot_be_read_makes_the_start_replay_not_fail(tmp_path):
-    """An I/O error reading a segment at open is the snapshot's problem (it is ignored and the log
-    replayed), never a start that fails; and nothing on disk is removed meanwhile."""
+def _store_with_segment(d: str, n: int = 20) -> list[str]:
+    from storaged.store import Store
+    from tests.support.faultio import write
+
+    store = Store.open(d)
+    ids = [write(store, "s", f"wombat number {i}")["message"]["message_id"] for i in range(n)]
+    store.search  # index the queue: the snapshot writes a segment
+    assert store.write_snapshot()
+    store.close()
+    return ids
+
+
+def _checked(store) -> str | None:
+    """What the deferred CRC checks of ``store``'s start found, once they are done."""
+    assert store.index_check is not None
+    store.index_check.result(timeout=30)
+    return store.index_check_step()
+
+
+def test_a_segment_that_cannot_be_read_is_found_after_the_start_and_the_index_built_again(tmp_path):
+    """An I/O error reading a segment is found by the deferred CRC check, never a start that fails:
+    the store serves from its snapshot, then drops the index and queues every message for a new one
+    (writes go on, health says what happened); nothing on disk is removed meanwhile."""
     import errno
 
     from storaged.store import Store
-    from tests.support.faultio import write
 
     class SegmentsUnreadable(FileIO):
         def pread(self, fd, n, offset):
@@ -317,17 +337,63 @@ def test_a_segment_that_cannot_be_read_makes_the_start_replay_not_fail(tmp_path)
             return super().pread(fd, n, offset)
 
     d = str(tmp_path / "d")
-    store = Store.open(d)
-    ids = [write(store, "s", f"wombat number {i}")["message"]["message_id"] for i in range(20)]
-    store.search  # index the queue: the snapshot writes a segment
-    assert store.write_snapshot()
-    store.close()
+    ids = _store_with_segment(d)
     names = sorted(n for n in os.listdir(d) if n.endswith(".seg"))
     assert names
     again = Store.open(d, io=SegmentsUnreadable())
-    assert not again.snapshot_valid and sorted(again.by_id) == sorted(ids)
+    assert again.snapshot_valid and sorted(again.by_id) == sorted(ids) and not again.unindexed
+    reason = _checked(again)
+    assert reason is not None and "cannot be read" in reason and again.index_check is None
+    again.discard_index(reason)
+    assert again.health()["status"] == "DEGRADED" and "built again" in again.health()["last_error"]
+    assert len(again.unindexed) == 20 and not again._index.segment_names()
     assert len(again.search.search("wombat", 50)) == 20
-    assert sorted(n for n in os.listdir(d) if n.endswith(".seg")) == names  # unread snapshot: nothing removed
+    assert sorted(n for n in os.listdir(d) if n.endswith(".seg")) == names  # the snapshot still names it
+    again.close()
+
+
+def test_a_rotten_segment_opens_serves_is_never_merged_then_is_found(tmp_path):
+    """A flipped byte in a posting section passes the open (its sections are in bounds) and is
+    found by the deferred check; until then no plan merges it into a new segment (its damage would get
+    a fresh CRC). A sound store's check finds nothing."""
+    from storaged.store import Store
+    from tests.support.faultio import write
+
+    d = str(tmp_path / "d")
+    _store_with_segment(d, 300)
+    sound = Store.open(d)
+    assert _checked(sound) is None and not sound._index.unverified_segments()
+    sound.close()
+    (name,) = [n for n in os.listdir(d) if n.endswith(".seg") and not n.startswith("rows")]
+    path = os.path.join(d, name)
+    seg = Segment(path)
+    whole, slots = np.frombuffer(seg._buf, np.uint8), np.frombuffer(seg._slots[0], np.uint8)
+    off = slots.ctypes.data - whole.ctypes.data + 1   # a byte of the first posting's slot (content field)
+    del seg, whole, slots
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x01]))
+    with pytest.raises(SegmentInvalid):
+        Segment(path)
+    store = Store.open(d)
+    assert store.snapshot_valid and store._index.unverified_segments()
+    store.index_check.result(timeout=30)
+    for i in range(600):   # more than the segment holds: a plan would merge it (the ratio rule)
+        write(store, "s", f"marmot number {i}")
+    store.search
+    plan = store._index.plan()
+    assert plan is not None and all(p.verified for p in plan.parts)  # the new lists alone
+    reason = store.index_check_step()
+    assert reason is not None and "fails its checksum" in reason
+    store.discard_index(reason)
+    assert len(store.search.search("wombat", 900)) == 300 and len(store.search.search("marmot", 900)) == 600
+    assert store.write_snapshot()
+    store.close()
+    again = Store.open(d)
+    assert _checked(again) is None and name not in again._index.segment_names()
+    assert len(again.search.search("wombat", 500)) == 300
     again.close()
 
 
