@@ -22,7 +22,7 @@ from typing import Any
 
 from protocol.requests import IngestHeartbeat
 
-from .packedmap import PackedMap, unpack
+from .packedmap import PackedMap, is_packed_map, unpack
 
 # A heartbeat older than this many of its own intervals (and at least STALE_MIN_MS) is stale.
 STALE_INTERVALS = 3
@@ -35,6 +35,22 @@ _TOTAL_KEYS = ("events", "redacted", "malformed", "bytes")
 
 def _num(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _checked_totals(totals: Any, sources: set[str]) -> dict[str, dict[str, Any]]:
+    """A snapshot's per-source sums, as ``apply`` keeps them: a map of every source with checkpoints
+    to its sums (non-negative integers) and, where one was seen, its harness."""
+    if not isinstance(totals, dict) or not sources <= totals.keys():
+        raise ValueError("the snapshot's ingest totals do not cover its checkpoints")
+    out = {}
+    for src, sums in totals.items():
+        if not isinstance(src, str) or not isinstance(sums, dict) or any(
+                _num(sums.get(k)) != sums.get(k) for k in (*_TOTAL_KEYS, "files", "last_at")):
+            raise ValueError("the snapshot's ingest totals are not sums")
+        out[src] = {k: sums[k] for k in (*_TOTAL_KEYS, "files", "last_at")}
+        if isinstance(sums.get("harness"), str):
+            out[src]["harness"] = sums["harness"]
+    return out
 
 
 class IngestState:
@@ -90,9 +106,29 @@ class IngestState:
         return [[src, key, get((src, key)), self.rec_sizes.get((src, key), 0)]
                 for src, key in (cps if keys is None else sorted(keys))]
 
-    def load(self, rows: list[list[Any]]) -> None:
+    def load(self, rows: list[list[Any]], totals: Any = None) -> None:
+        """Apply a snapshot's checkpoints ([source, key, value, rec_size], in order) to an empty state.
+        With ``totals`` (the snapshot's per-source sums over the same checkpoints) and every value as
+        its msgpack bytes (a version 3 row segment's tail), the bytes are kept as they are, none
+        unpacked: at five million events that was 91k unpackings, ~0.5 s of the start. ValueError on
+        totals that are not per-source sums of integers."""
+        if totals is None or any(value is not None and value.__class__ is not bytes for _, _, value, _ in rows):
+            for src, key, value, size in rows:
+                self.apply(src, key, value, size)
+            return
+        checkpoints, rec_sizes = self.checkpoints, self.rec_sizes
         for src, key, value, size in rows:
-            self.apply(src, key, value, size)
+            ck = (src, key)
+            if value is None:   # forgotten since an earlier segment's
+                checkpoints.pop_packed(ck)
+                rec_sizes.pop(ck, None)
+            elif is_packed_map(value):
+                checkpoints.set_packed(ck, value)
+                rec_sizes[ck] = size
+            else:
+                raise ValueError(f"the checkpoint of {src}:{key} is not a map")
+        self.live_bytes = sum(rec_sizes.values())
+        self.totals = _checked_totals(totals, {src for src, _ in checkpoints})
 
     # ---------------------------------------------------------------- volatile: heartbeats
     def heartbeat(self, req: IngestHeartbeat) -> None:

@@ -32,6 +32,12 @@ def unpack(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
 
 
+def is_packed_map(raw: bytes) -> bool:
+    """Whether ``raw`` begins as msgpack's map does (fixmap, map 16, map 32): what a start checks of
+    values it keeps without unpacking them."""
+    return bool(raw) and (0x80 <= raw[0] <= 0x8F or raw[0] in (0xDE, 0xDF))
+
+
 class PackedMap(MutableMapping):
     """key → value (a msgpack-able map), stored packed. ``hot_fields`` names the fields ``hot(key)``
     answers without unpacking."""
@@ -65,6 +71,11 @@ class PackedMap(MutableMapping):
                     self._shared[hot] = hot
             self._hot[key] = shared
         return value
+
+    def pop_packed(self, key: Any) -> bytes | None:
+        """Remove ``key`` (if here) without unpacking it; its bytes."""
+        self._hot.pop(key, None)
+        return self._packed.pop(key, None)
 
     def __delitem__(self, key: Any) -> None:
         del self._packed[key]

@@ -422,7 +422,7 @@ class Store:
             if not isinstance(fields, dict):
                 raise ValueError(f"the snapshot's metadata of session {sid!r} is not a map")
             self.meta_rec_sizes[sid] = size
-        self.ingest.load(reader.checkpoints())
+        self.ingest.load(reader.checkpoints(), meta.get("ingest_totals"))
         self.unindexed.extend(meta.get("unindexed", ()))
         if reader.columnar():
             self._load_columns(reader)
@@ -1069,6 +1069,8 @@ class Store:
             "memory": [self.body_bytes, self.metadata_bytes, self.entry_bytes],
             "session_meta": self.session_meta_entries() if extras else [],
             "checkpoints": self.ingest.dump() if extras else [],
+            # the checkpoints' per-source sums, so that a start takes their bytes as they are (IngestState.load)
+            "ingest_totals": self.ingest.totals,
             # queued for the search index, not in the dump: queued again at the next start
             "unindexed": [seq for seq in dict.fromkeys(self.unindexed) if seq in self.by_seq and seq not in self._index],
         }

@@ -474,3 +474,35 @@ def test_a_packed_tail_value_that_is_not_a_map_makes_the_snapshot_unusable(tmp_p
     assert not again.snapshot_valid
     assert _meta_state(again) == state and everything(again) == before
     again.close()
+
+
+def test_a_start_keeps_the_checkpoints_packed_and_takes_the_sums_from_the_manifest(tmp_path, monkeypatch):
+    """The manifest carries the checkpoints' per-source sums (``ingest_totals``): a start keeps each
+    checkpoint's bytes without unpacking one, and gets the sums a replay computes. Sums that are not
+    sums make the snapshot unused (the log is replayed)."""
+    from storaged import ingeststate
+
+    d = str(tmp_path)
+    s = Store.open(d)
+    for n in range(6):
+        _ingest(s, n, f"codex:s{n % 3}", f"/f{n % 4}.jsonl", {"offset": n, "events": n, "bytes": 10 * n})
+    assert s.write_snapshot()
+    _ingest(s, 10, "codex:s1", "/f1.jsonl", None)   # forgotten in a delta
+    assert s.write_snapshot() and len(s.row_segments) == 2
+    state = _meta_state(s)
+    assert s.ingest.totals["codex"]["files"] == 3 and s.ingest.totals["codex"]["events"] == 2 + 3 + 4
+    s.close()
+    unpacked = []
+    real = ingeststate.unpack
+    monkeypatch.setattr(ingeststate, "unpack", lambda raw: unpacked.append(raw) or real(raw))
+    again = Store.open(d)
+    assert again.snapshot_valid and not unpacked
+    monkeypatch.undo()
+    assert _meta_state(again) == state
+    again.close()
+    meta, _, dump = snapshot.read(FileIO(), os.path.join(d, "snapshot"))
+    meta["ingest_totals"]["codex"]["events"] = -1
+    snapshot.write(FileIO(), os.path.join(d, "snapshot"), meta, (), dump)
+    damaged = Store.open(d)
+    assert not damaged.snapshot_valid and _meta_state(damaged) == state
+    damaged.close()
