@@ -56,14 +56,21 @@ class PackedMap(MutableMapping):
     def __setitem__(self, key: Any, value: Any) -> None:
         self.set_packed(key, pack(value), value)
 
-    def set_packed(self, key: Any, raw: bytes, value: Any = None) -> Any:
+    def set_packed(self, key: Any, raw: bytes, value: Any = None, hot: Any = None) -> Any:
         """Store ``raw`` (the msgpack of ``value``; unpacked here when ``value`` is None and hot
-        fields are kept). Returns ``value`` (None if it was not needed)."""
-        if self._hot_fields and value is None:
+        fields are kept, unless ``hot`` gives their values as ``hot(key)`` did where ``raw`` was
+        stored before: a row segment's tail, which a start then takes without unpacking anything).
+        Returns ``value`` (None if it was not needed)."""
+        if hot is not None and not _plain_hot(hot, len(self._hot_fields)):
+            hot = None
+        if self._hot_fields and value is None and hot is None:
             value = unpack(raw)
         self._packed[key] = raw
         if self._hot_fields:
-            hot = tuple(_hot_value(value.get(f)) if isinstance(value, dict) else None for f in self._hot_fields)
+            if hot is not None:
+                hot = tuple(_hot_value(v) for v in hot)
+            else:
+                hot = tuple(_hot_value(value.get(f)) if isinstance(value, dict) else None for f in self._hot_fields)
             shared = self._shared.get(hot)
             if shared is None:
                 shared = hot
@@ -113,6 +120,12 @@ class PackedMap(MutableMapping):
     def hot(self, key: Any) -> tuple:
         """The hot fields' values of ``key`` (Nones when it is absent or lacks them)."""
         return self._hot.get(key) or (None,) * len(self._hot_fields)
+
+
+def _plain_hot(hot: Any, n: int) -> bool:
+    """``hot`` is ``n`` values a tuple of hot fields can hold as they are (strings, numbers, None)."""
+    return isinstance(hot, (list, tuple)) and len(hot) == n and all(
+        v is None or v.__class__ in (str, int, float, bool) for v in hot)
 
 
 def _hot_value(v: Any) -> Any:

@@ -167,7 +167,7 @@ def write_row_columns(io: FileIO, path: str, columns: dict[str, Any], dead: Iter
     count = len(columns["seqs"]) // 8
     # the tail's values as msgpack bytes (version 3): a start keeps them packed (storaged/packedmap.py)
     # instead of building a dict of each to pack it again
-    session_meta = [[sid, _packed(fields), size] for sid, fields, size in session_meta]
+    session_meta = [[sid, _packed(fields), size, *hot] for sid, fields, size, *hot in session_meta]
     checkpoints = [[src, key, None if value is None else _packed(value), size] for src, key, value, size in checkpoints]
     head = {key: value for key, value in columns.items() if key not in _COLUMN_SECTIONS}
     head.update({f"{name}_bytes": len(columns[name]) for name in _COLUMN_SECTIONS})

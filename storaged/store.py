@@ -45,7 +45,7 @@ from .idgen import IdClock, ulid_ms
 from .indexes import IndexSizes, RelationIndex, Session, TouchIndex, sessions_from_table
 from .ingeststate import IngestState
 from .model import Message, message_from_args
-from .packedmap import PackedMap
+from .packedmap import PackedMap, is_packed_map
 from .search import DumpOutdated, SearchIndex, SegmentPlan
 from .segment import DEFERRED, Segment, check_later, is_segment_name, new_name as new_segment_name
 from .sessionorder import SessionOrder
@@ -413,13 +413,15 @@ class Store:
         self.record_count = meta["record_count"]
         self.checkpoint_bytes = meta["checkpoint_bytes"]
         self._load_rids(meta["rids"])
-        for sid, fields, size in reader.session_meta():  # a later one of a sid (a delta's) replaces it
+        for sid, fields, size, *hot in reader.session_meta():  # a later one of a sid (a delta's) replaces it
             self.meta_bytes += size - self.meta_rec_sizes.get(sid, 0)
             if fields.__class__ is bytes:   # a version 3 tail's: kept as it is, never a dict in between
-                fields = self.session_meta.set_packed(sid, fields)
-            else:
+                if not is_packed_map(fields):
+                    raise ValueError(f"the snapshot's metadata of session {sid!r} is not a map")
+                self.session_meta.set_packed(sid, fields, hot=hot[0] if hot else None)
+            elif isinstance(fields, dict):
                 self.session_meta[sid] = fields
-            if not isinstance(fields, dict):
+            else:
                 raise ValueError(f"the snapshot's metadata of session {sid!r} is not a map")
             self.meta_rec_sizes[sid] = size
         self.ingest.load(reader.checkpoints(), meta.get("ingest_totals"))
@@ -1052,10 +1054,13 @@ class Store:
     # ------------------------------------------------------------------ snapshot and health
     def session_meta_entries(self, sids: Iterable[str] | None = None, packed: bool = False) -> list[list[Any]]:
         """[sid, fields, rec_size] of the sessions ``sids`` (None: all) that have metadata; ``packed``:
-        fields as the msgpack bytes kept (a row segment's tail: snapshot.write_row_columns)."""
+        fields as the msgpack bytes kept, and a fourth item, their hot fields' values (a row segment's
+        tail: snapshot.write_row_columns; a start takes both without unpacking)."""
         metas, sizes = self.session_meta, self.meta_rec_sizes
-        get = metas.packed if packed else metas.__getitem__
-        return [[sid, get(sid), sizes.get(sid, 0)] for sid in (metas if sids is None else sorted(sids)) if sid in metas]
+        keys = [sid for sid in (metas if sids is None else sorted(sids)) if sid in metas]
+        if packed:
+            return [[sid, metas.packed(sid), sizes.get(sid, 0), list(metas.hot(sid))] for sid in keys]
+        return [[sid, metas[sid], sizes.get(sid, 0)] for sid in keys]
 
     def snapshot_meta(self, salt: bytes, log_pos: int, extras: bool = True) -> dict[str, Any]:
         """The snapshot's ``meta``; ``extras``: with the session metadata and checkpoints (a snapshot

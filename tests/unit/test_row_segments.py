@@ -477,10 +477,11 @@ def test_a_packed_tail_value_that_is_not_a_map_makes_the_snapshot_unusable(tmp_p
 
 
 def test_a_start_keeps_the_checkpoints_packed_and_takes_the_sums_from_the_manifest(tmp_path, monkeypatch):
-    """The manifest carries the checkpoints' per-source sums (``ingest_totals``): a start keeps each
-    checkpoint's bytes without unpacking one, and gets the sums a replay computes. Sums that are not
-    sums make the snapshot unused (the log is replayed)."""
-    from storaged import ingeststate
+    """The manifest carries the checkpoints' per-source sums (``ingest_totals``) and a tail each
+    session's hot fields: a start keeps each checkpoint's and each session's bytes without unpacking
+    one, and gets the sums and hot fields a replay computes. Sums that are not sums make the snapshot
+    unused (the log is replayed)."""
+    from storaged import ingeststate, packedmap
 
     d = str(tmp_path)
     s = Store.open(d)
@@ -489,16 +490,18 @@ def test_a_start_keeps_the_checkpoints_packed_and_takes_the_sums_from_the_manife
     assert s.write_snapshot()
     _ingest(s, 10, "codex:s1", "/f1.jsonl", None)   # forgotten in a delta
     assert s.write_snapshot() and len(s.row_segments) == 2
-    state = _meta_state(s)
+    state, hot = _meta_state(s), {sid: s.session_meta.hot(sid) for sid in s.session_meta}
     assert s.ingest.totals["codex"]["files"] == 3 and s.ingest.totals["codex"]["events"] == 2 + 3 + 4
+    assert set(hot.values()) == {("codex", "codex", None)}
     s.close()
     unpacked = []
-    real = ingeststate.unpack
-    monkeypatch.setattr(ingeststate, "unpack", lambda raw: unpacked.append(raw) or real(raw))
+    real = packedmap.unpack
+    for module in (ingeststate, packedmap):
+        monkeypatch.setattr(module, "unpack", lambda raw: unpacked.append(raw) or real(raw))
     again = Store.open(d)
     assert again.snapshot_valid and not unpacked
     monkeypatch.undo()
-    assert _meta_state(again) == state
+    assert _meta_state(again) == state and {sid: again.session_meta.hot(sid) for sid in again.session_meta} == hot
     again.close()
     meta, _, dump = snapshot.read(FileIO(), os.path.join(d, "snapshot"))
     meta["ingest_totals"]["codex"]["events"] = -1
