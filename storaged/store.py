@@ -229,7 +229,9 @@ class Store:
         # whether they are kept: not while the next snapshot writes a base anyway (a full replay of
         # millions of messages would fill them for nothing), from the first plan or loaded row segments on
         self.rows_tracked = False
-        self.rows_legacy = False          # the row segments on disk include one of an earlier version
+        # the row segments on disk include one of an earlier version, or a tail without the sessions' hot
+        # fields: the next snapshot writes a base of the current one
+        self.rows_legacy = False
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
         self.group_commit = False
@@ -413,12 +415,14 @@ class Store:
         self.record_count = meta["record_count"]
         self.checkpoint_bytes = meta["checkpoint_bytes"]
         self._load_rids(meta["rids"])
+        hotless = 0   # packed metadata without its hot fields (a tail written before part 11): unpacked here
         for sid, fields, size, *hot in reader.session_meta():  # a later one of a sid (a delta's) replaces it
             self.meta_bytes += size - self.meta_rec_sizes.get(sid, 0)
             if fields.__class__ is bytes:   # a version 3 tail's: kept as it is, never a dict in between
                 if not is_packed_map(fields):
                     raise ValueError(f"the snapshot's metadata of session {sid!r} is not a map")
                 self.session_meta.set_packed(sid, fields, hot=hot[0] if hot else None)
+                hotless += not hot
             elif isinstance(fields, dict):
                 self.session_meta[sid] = fields
             else:
@@ -432,7 +436,7 @@ class Store:
             self._bulk_load(reader.rows())
         # row segments of an earlier release (version 1: rows one by one; 2: converted): the next
         # snapshot writes a base of the current version, so that the next start only copies it in
-        self.rows_legacy = reader.rows_outdated()
+        self.rows_legacy = reader.rows_outdated() or hotless > 0
         if clock_poisoned:
             # the snapshot's clock lies beyond the bound (written before the bound existed): recover
             # the newest plausible id and time from the messages themselves

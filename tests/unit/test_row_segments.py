@@ -509,3 +509,37 @@ def test_a_start_keeps_the_checkpoints_packed_and_takes_the_sums_from_the_manife
     damaged = Store.open(d)
     assert not damaged.snapshot_valid and _meta_state(damaged) == state
     damaged.close()
+
+
+def test_a_tail_without_the_hot_fields_is_read_and_replaced_by_a_base_with_them(tmp_path, monkeypatch):
+    """A tail written before the hot fields were (an entry of three) is read by unpacking each
+    session's metadata; the store is then due a snapshot, whose base has them, and the next start
+    unpacks nothing."""
+    from storaged import packedmap
+
+    d = str(tmp_path)
+    s = Store.open(d)
+    for n in range(4):
+        _ingest(s, n, f"codex:s{n}", f"/f{n}.jsonl", {"offset": n})
+    assert s.write_snapshot()
+    state, before = _meta_state(s), everything(s)
+    name = s.row_segments[0][0]
+    metas = [entry[:3] for entry in s.session_meta_entries(packed=True)]   # as the release before wrote them
+    columns = s.table.segment_columns(s.table.live_seqs())
+    checkpoints = s.ingest.dump(packed=True)
+    s.close()
+    os.remove(os.path.join(d, name))
+    snapshot.write_row_columns(FileIO(), os.path.join(d, name), columns, (), metas, checkpoints)
+    old = Store.open(d)
+    assert old.snapshot_valid and old.rows_legacy and old.snapshot_due()
+    assert _meta_state(old) == state and everything(old) == before
+    assert old.write_snapshot() and len(old.row_segments) == 1 and old.row_segments[0][0] != name
+    old.close()
+    unpacked = []
+    real = packedmap.unpack
+    monkeypatch.setattr(packedmap, "unpack", lambda raw: unpacked.append(raw) or real(raw))
+    again = Store.open(d)
+    assert again.snapshot_valid and not again.rows_legacy and not unpacked
+    monkeypatch.undo()
+    assert _meta_state(again) == state
+    again.close()
