@@ -160,12 +160,24 @@ class RelationIndex:
         return n
 
 
+LOAD_STEP = 512   # events a TouchIndex.load_step loads between looks at the clock (~0.5 ms)
+
+
 class TouchIndex:
     """Events that touched files (tool calls that read or changed them), by the file's base name:
-    file_attention looks a path tail up here and checks the few candidates it finds."""
+    file_attention looks a path tail up here and checks the few candidates it finds.
+
+    A start does not build it (355k events with files at five million: ~0.4 s before the first
+    request): ``load_later`` takes the table's events with files, and the request loop loads them a
+    slice at a time while it is idle (``load_step``); a lookup meanwhile finishes the load first. The
+    load reads each event's files as the table has them when it gets there, and never adds a seq a
+    list holds already, so the changes made meanwhile (``add`` and ``remove``, as always) stand."""
 
     def __init__(self) -> None:
         self.by_name: dict[str, list[int]] = {}
+        self._pending: list[int] | None = None    # the seqs still to load, ascending
+        self._source: dict[int, tuple] | None = None   # seq -> its ext (files at [3]), as the table keeps them
+        self._at = 0
 
     @staticmethod
     def _names(msg: Message) -> set[str]:
@@ -175,23 +187,53 @@ class TouchIndex:
         for name in self._names(msg):
             _insort(self.by_name.setdefault(name, []), msg.seq)
 
-    def load(self, entries) -> None:
-        """``add_files`` of each (seq, files) of ``entries``, in ascending seq order, into an empty
-        index: a start's, an append each (355k events with files at five million: 1.2 s through
-        ``add_files``, its set and ``insort`` a call)."""
-        by_name = self.by_name
-        for seq, files in entries:
-            if len(files) == 1:
-                path = files[0][0]
-                names = (path[path.rfind("/") + 1:],)
-            else:
-                names = {f[0][f[0].rfind("/") + 1:] for f in files}
-            for name in names:
-                seqs = by_name.get(name)
-                if seqs is None:
-                    by_name[name] = [seq]
+    def load_later(self, ext_files: dict[int, tuple]) -> None:
+        """Load the events of ``ext_files`` (seq -> ext with files; the table's own dict, read as it is
+        then) into an empty index, in ``load_step``s."""
+        self._pending, self._source, self._at = sorted(ext_files), ext_files, 0
+        if not self._pending:
+            self._pending = self._source = None
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def load_step(self, deadline: float | None) -> bool:
+        """Load the next events of ``load_later`` until the monotonic clock passes ``deadline`` (None:
+        all of them; the clock is read every LOAD_STEP events). True while some remain."""
+        seqs, source, by_name = self._pending, self._source, self.by_name
+        if seqs is None:
+            return False
+        at, n = self._at, len(seqs)
+        while at < n:
+            for seq in seqs[at:at + LOAD_STEP]:
+                ext = source.get(seq)
+                if ext is None:   # deleted meanwhile, or its files gone
+                    continue
+                files = ext[3]
+                if len(files) == 1:
+                    path = files[0][0]
+                    names = (path[path.rfind("/") + 1:],)
                 else:
-                    seqs.append(seq)
+                    names = {f[0][f[0].rfind("/") + 1:] for f in files}
+                for name in names:
+                    held = by_name.get(name)
+                    if held is None:
+                        by_name[name] = [seq]
+                    elif held[-1] < seq:
+                        held.append(seq)
+                    else:   # a seq added meanwhile lies past it, or it is there already
+                        i = bisect.bisect_left(held, seq)
+                        if i == len(held) or held[i] != seq:
+                            held.insert(i, seq)
+            at += LOAD_STEP
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        self._at = at
+        if at < n:
+            return True
+        self._pending = self._source = None
+        return False
 
     def add_files(self, seq: int, files) -> None:
         """The event at ``seq`` touched ``files`` (its ext's entries, path first)."""
@@ -207,6 +249,8 @@ class TouchIndex:
                     del self.by_name[name]
 
     def candidates(self, name: str) -> list[int]:
+        if self._pending is not None:
+            self.load_step(None)
         return self.by_name.get(name, [])
 
     def size_bytes(self) -> int:

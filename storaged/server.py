@@ -337,8 +337,9 @@ class Server:
         while not self.stopping:
             # while an import is in progress, messages move to a compacted log or the search index has a
             # queue, poll without waiting: idle time goes to them
+            store = self.store
             busy = self.imports or self.rebuild_reading or self.rebuild_outcome or (
-                self.store is not None and (self.store.unindexed or self.store.relocation))
+                store is not None and (store.unindexed or store.relocation or store.touches.pending))
             events = dict(poller.poll(0 if busy else SPLIT_POLL_MS if self.split else POLL_MS))
             if self.wake_recv in events:
                 t0 = time.monotonic()
@@ -469,6 +470,9 @@ class Server:
             return
         if self.store.unindexed:
             self.store.index_step(deadline, self._request_waiting)
+            return
+        if self.store.touches.pending:   # a start's file touches (TouchIndex.load_later)
+            self.store.touches.load_step(deadline)
             return
         index = self.store.search
         while index.idle_step() and time.monotonic() < deadline and not self._request_waiting():

@@ -641,8 +641,7 @@ class Store:
             self.session_keys[session_digest(sid)] = sid
         for seq in sorted(table.relations):
             self.relations.add_edges(table.message_id(seq), table.relations[seq])
-        ext_files = table.ext_files
-        self.touches.load((seq, ext_files[seq][3]) for seq in sorted(ext_files))
+        self.touches.load_later(table.ext_files)   # loaded by the request loop when idle (TouchIndex)
         self.live_bytes += int(table.column("rec_size", table.live_seqs()).sum())
         self.session_order.invalidate()
         self.sessions_version += 1
