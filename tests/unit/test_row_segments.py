@@ -9,6 +9,7 @@ or damaged segment makes the whole snapshot unused (the log is replayed), never 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import msgpack
 import pytest
@@ -448,28 +449,38 @@ def test_a_row_segment_whose_head_lacks_a_section_is_refused_and_closed(tmp_path
         snapshot._RowSegment(FileIO(), path)
 
 
+def _base_rewritten(tmp_path, batches: int, change) -> tuple[str, str, Any, Any]:
+    """A store of ``batches`` ingester batches whose snapshot's base is written again with the tail's
+    (metas, checkpoints) as ``change`` makes them: (directory, the base's name, the meta state and
+    everything before)."""
+    d = str(tmp_path)
+    s = Store.open(d)
+    for n in range(batches):
+        _ingest(s, n, f"codex:s{n}", f"/f{n}.jsonl", {"offset": n})
+    assert s.write_snapshot()
+    state, before = _meta_state(s), everything(s)
+    name = s.row_segments[0][0]
+    metas, checkpoints = change(s.session_meta_entries(packed=True), s.ingest.dump(packed=True))
+    columns = s.table.segment_columns(s.table.live_seqs())
+    s.close()
+    os.remove(os.path.join(d, name))
+    snapshot.write_row_columns(FileIO(), os.path.join(d, name), columns, (), metas, checkpoints)
+    return d, name, state, before
+
+
 @pytest.mark.parametrize("where", ["session_meta", "checkpoints"])
 def test_a_packed_tail_value_that_is_not_a_map_makes_the_snapshot_unusable(tmp_path, where):
     """A version 3 tail keeps each session's metadata and each checkpoint as msgpack bytes, stored as
     they are. Bytes that are not a map (a bug, or damage the checksum missed) are refused at the start,
     which replays the log instead: the state is the log's, never a value that fails when read."""
-    d = str(tmp_path)
-    s = Store.open(d)
-    for n in range(3):
-        _ingest(s, n, f"codex:s{n}", f"/f{n}.jsonl", {"offset": n})
-    assert s.write_snapshot()
-    state, before = _meta_state(s), everything(s)
-    name = s.row_segments[0][0]
-    metas, checkpoints = s.session_meta_entries(packed=True), s.ingest.dump(packed=True)
-    if where == "session_meta":
-        metas[0][1] = msgpack.packb(["not", "a", "map"])
-    else:
-        checkpoints[0][2] = msgpack.packb(7)
-    columns = s.table.segment_columns(s.table.live_seqs())
-    s.close()
-    path = os.path.join(d, name)
-    os.remove(path)
-    snapshot.write_row_columns(FileIO(), path, columns, (), metas, checkpoints)
+    def change(metas, checkpoints):
+        if where == "session_meta":
+            metas[0][1] = msgpack.packb(["not", "a", "map"])
+        else:
+            checkpoints[0][2] = msgpack.packb(7)
+        return metas, checkpoints
+
+    d, _, state, before = _base_rewritten(tmp_path, 3, change)
     again = Store.open(d)
     assert not again.snapshot_valid
     assert _meta_state(again) == state and everything(again) == before
@@ -517,19 +528,8 @@ def test_a_tail_without_the_hot_fields_is_read_and_replaced_by_a_base_with_them(
     unpacks nothing."""
     from storaged import packedmap
 
-    d = str(tmp_path)
-    s = Store.open(d)
-    for n in range(4):
-        _ingest(s, n, f"codex:s{n}", f"/f{n}.jsonl", {"offset": n})
-    assert s.write_snapshot()
-    state, before = _meta_state(s), everything(s)
-    name = s.row_segments[0][0]
-    metas = [entry[:3] for entry in s.session_meta_entries(packed=True)]   # as the release before wrote them
-    columns = s.table.segment_columns(s.table.live_seqs())
-    checkpoints = s.ingest.dump(packed=True)
-    s.close()
-    os.remove(os.path.join(d, name))
-    snapshot.write_row_columns(FileIO(), os.path.join(d, name), columns, (), metas, checkpoints)
+    # the entries as the release before wrote them: three long
+    d, name, state, before = _base_rewritten(tmp_path, 4, lambda metas, cps: ([m[:3] for m in metas], cps))
     old = Store.open(d)
     assert old.snapshot_valid and old.rows_legacy and old.snapshot_due()
     assert _meta_state(old) == state and everything(old) == before
