@@ -61,15 +61,13 @@ class PackedMap(MutableMapping):
         fields are kept, unless ``hot`` gives their values as ``hot(key)`` did where ``raw`` was
         stored before: a row segment's tail, which a start then takes without unpacking anything).
         Returns ``value`` (None if it was not needed)."""
-        if hot is not None and not _plain_hot(hot, len(self._hot_fields)):
-            hot = None
+        if hot is not None:
+            hot = _plain_hot(hot, len(self._hot_fields))
         if self._hot_fields and value is None and hot is None:
             value = unpack(raw)
         self._packed[key] = raw
         if self._hot_fields:
-            if hot is not None:
-                hot = tuple(_hot_value(v) for v in hot)
-            else:
+            if hot is None:
                 hot = tuple(_hot_value(value.get(f)) if isinstance(value, dict) else None for f in self._hot_fields)
             shared = self._shared.get(hot)
             if shared is None:
@@ -122,10 +120,17 @@ class PackedMap(MutableMapping):
         return self._hot.get(key) or (None,) * len(self._hot_fields)
 
 
-def _plain_hot(hot: Any, n: int) -> bool:
-    """``hot`` is ``n`` values a tuple of hot fields can hold as they are (strings, numbers, None)."""
-    return isinstance(hot, (list, tuple)) and len(hot) == n and all(
-        v is None or v.__class__ in (str, int, float, bool) for v in hot)
+def _plain_hot(hot: Any, n: int) -> tuple | None:
+    """``hot`` (a row segment tail's list of ``n`` values) as the tuple ``hot(key)`` gives, or None
+    when it is not one (not ``n`` long, or a value that cannot be a dict key: a list, a map)."""
+    if hot.__class__ is not list or len(hot) != n:
+        return None
+    hot = tuple(map(_hot_value, hot))
+    try:
+        hash(hot)
+    except TypeError:
+        return None
+    return hot
 
 
 def _hot_value(v: Any) -> Any:
