@@ -616,9 +616,12 @@ class MessageTable:
                     if self.generation:
                         rows["codes"] = (rows["codes"] & np.uint32(0xFFFFFF)) | np.uint32(self.generation << 24)
                 self.tcid_bytes += cols["tcid"]
-                records[seqs] = rows.view(_RECORD)
-                alive[seqs] = etype
-                owner[seqs] = i
+                # seqs without a gap (a base of a store that deleted nothing, most deltas' runs): copied
+                # as one block, not scattered row by row (0.3 s of 5M rows)
+                at = slice(int(seqs[0]), int(seqs[-1]) + 1) if len(seqs) and seqs[-1] - seqs[0] + 1 == len(seqs) else seqs
+                records[at] = rows.view(_RECORD)
+                alive[at] = etype
+                owner[at] = i
                 if dead:
                     dead_seqs = np.asarray(dead, np.int64)
                     alive[dead_seqs] = 0
@@ -797,16 +800,23 @@ def _check_codes(rows: np.ndarray, etype: np.ndarray, tcid_size: int, seqs: np.n
     tcid = tail["tcid"][tail["tcid"] != np.uint64(_NO_STR)]
     if len(tcid) and int(((tcid >> np.uint64(_STR_LEN_BITS)) + (tcid & np.uint64(_STR_LEN_MASK))).max()) > tcid_size:
         raise ValueError("a row segment's tool_call_id runs past its bytes")
-    # (in numpy: sets of every seq cost ~0.5 s at five million rows)
+    # (by bisection in numpy: sets of every seq cost ~0.5 s at five million rows, np.isin 0.17 s)
     for name, wanting, pairs in (("ext_files", tail["ext"] == _EXT_SPARSE, cols["ext_files"]),
                                  ("wide", rows["importance"] == _IMP_WIDE, sparse["wide"])):
-        if not np.isin(seqs[wanting], _pair_seqs(pairs)).all():
+        if not _all_in(seqs[wanting], np.sort(_pair_seqs(pairs))):
             raise ValueError(f"a row segment's row has no entry in its {name}")
-    odd = _pair_seqs(sparse["odd_ids"])
-    if len(odd) and not np.isin(odd, seqs).all():
+    if not _all_in(_pair_seqs(sparse["odd_ids"]), seqs):
         raise ValueError("a row segment's odd id is at a seq it does not hold")
     if any(len(value) != 2 or not all(v.__class__ is int for v in value) for _, value in sparse["wide"]):
         raise ValueError("a row segment's wide entry is not a revision and an importance")
+
+
+def _all_in(values: np.ndarray, ascending: np.ndarray) -> bool:
+    """Every one of ``values`` is in ``ascending`` (sorted)."""
+    if not len(values):
+        return True
+    at = np.searchsorted(ascending, values)
+    return bool((at < len(ascending)).all() and (ascending[np.minimum(at, len(ascending) - 1)] == values).all())
 
 
 def _pair_seqs(pairs: list) -> np.ndarray:

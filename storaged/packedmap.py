@@ -61,21 +61,37 @@ class PackedMap(MutableMapping):
         fields are kept, unless ``hot`` gives their values as ``hot(key)`` did where ``raw`` was
         stored before: a row segment's tail, which a start then takes without unpacking anything).
         Returns ``value`` (None if it was not needed)."""
-        if hot is not None:
-            hot = _plain_hot(hot, len(self._hot_fields))
-        if self._hot_fields and value is None and hot is None:
-            value = unpack(raw)
-        self._packed[key] = raw
         if self._hot_fields:
-            if hot is None:
-                hot = tuple(_hot_value(value.get(f)) if isinstance(value, dict) else None for f in self._hot_fields)
-            shared = self._shared.get(hot)
+            shared = None if hot is None else self._tail_hot(hot)
             if shared is None:
-                shared = hot
-                if len(self._shared) < _HOT_SHARED_MAX:
-                    self._shared[hot] = hot
+                if value is None:
+                    value = unpack(raw)
+                shared = self._share(tuple(_hot_value(value.get(f)) if isinstance(value, dict) else None
+                                           for f in self._hot_fields))
             self._hot[key] = shared
+        self._packed[key] = raw
         return value
+
+    def _tail_hot(self, hot: Any) -> tuple | None:
+        """A tail's list of hot values as the shared tuple ``hot(key)`` gives (looked up as it is
+        first: a store has a handful of them), or None when it is not one (not as long as the hot
+        fields, or a value that cannot be a dict key: a list, a map)."""
+        if hot.__class__ is not list or len(hot) != len(self._hot_fields):
+            return None
+        hot = tuple(hot)
+        try:
+            shared = self._shared.get(hot)
+        except TypeError:
+            return None
+        return shared if shared is not None else self._share(tuple(map(_hot_value, hot)))
+
+    def _share(self, hot: tuple) -> tuple:
+        shared = self._shared.get(hot)
+        if shared is None:
+            shared = hot
+            if len(self._shared) < _HOT_SHARED_MAX:
+                self._shared[hot] = hot
+        return shared
 
     def pop_packed(self, key: Any) -> bytes | None:
         """Remove ``key`` (if here) without unpacking it; its bytes."""
@@ -118,19 +134,6 @@ class PackedMap(MutableMapping):
     def hot(self, key: Any) -> tuple:
         """The hot fields' values of ``key`` (Nones when it is absent or lacks them)."""
         return self._hot.get(key) or (None,) * len(self._hot_fields)
-
-
-def _plain_hot(hot: Any, n: int) -> tuple | None:
-    """``hot`` (a row segment tail's list of ``n`` values) as the tuple ``hot(key)`` gives, or None
-    when it is not one (not ``n`` long, or a value that cannot be a dict key: a list, a map)."""
-    if hot.__class__ is not list or len(hot) != n:
-        return None
-    hot = tuple(map(_hot_value, hot))
-    try:
-        hash(hot)
-    except TypeError:
-        return None
-    return hot
 
 
 def _hot_value(v: Any) -> Any:
