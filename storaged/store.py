@@ -171,8 +171,9 @@ class Store:
         self._index = SearchIndex()
         self.unindexed: deque[int] = deque()
         # the deferred CRC checks of the index segments the start mapped (segment.check_later), until
-        # index_check_step has taken their outcome
+        # index_check_step has taken their outcome; what discard_index said, until the index is whole again
         self.index_check = None
+        self.index_damage: str | None = None
         # imports are refused BUSY while this many messages wait for the index (index_backlog; the daemon
         # sets it; None: no limit), so a bulk import goes at the indexing's pace and the index is never far behind
         self.index_queue_max: int | None = None
@@ -748,12 +749,22 @@ class Store:
         from the log as after a replay; searches are answered BUSY until it holds them all, writes go on.
         The damaged file goes once no snapshot names it. The caller has ended any child that works on
         the old index (a snapshot's, a catch-up's)."""
-        self.last_error = (f"the search index was damaged ({reason}); it is being built again from the log, "
-                           f"searches are answered BUSY until it is done")
+        self.last_error = self.index_damage = (
+            f"the search index was damaged ({reason}); it is being built again from the log, searches are "
+            f"answered BUSY until it is done")
         LOG.error("%s", self.last_error)
         fresh = SearchIndex()
         fresh.retire(self.replace_index(fresh))
         self.unindexed.extend(self.table.live_seqs().tolist())
+
+    def _index_whole_again(self) -> None:
+        """After a ``discard_index``: once the new index holds every message (nothing queued, no
+        catch-up child's range open), health is no longer DEGRADED for it."""
+        if self.index_damage is not None and not self.unindexed and self._index.hole is None:
+            LOG.info("the search index has been built again from the log")
+            if self.last_error == self.index_damage:
+                self.last_error = None
+            self.index_damage = None
 
     def index_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> bool:
         """Index queued messages, oldest first, until the queue is empty or the monotonic clock passes
@@ -780,6 +791,8 @@ class Store:
             if deadline is not None and (time.monotonic() > deadline or (
                     not n & 3 and interrupted is not None and interrupted())):
                 break
+        if not queue:
+            self._index_whole_again()
         return bool(queue)
 
     def index_backlog(self) -> int:
@@ -833,6 +846,7 @@ class Store:
         if written:
             try:
                 self._index.fill(Segment(path, self.io, verify=False))
+                self._index_whole_again()
                 return True
             except (OSError, ValueError) as exc:
                 LOG.warning("the search index's catch-up segment could not be used (%s); indexing its "

@@ -1,8 +1,8 @@
 """The search index's segments are checked against their CRCs after a start, not before it
 (segment.DEFERRED): a daemon whose snapshot maps a rotten segment starts and serves, finds the damage on
 its low-priority check, drops the index and builds it again from the log (its catch-up child taking
-half), answering searches BUSY meanwhile and writes as always; health says what happened; the next
-start maps only sound segments and finds nothing wrong."""
+half), answering searches BUSY meanwhile and writes as always; health says what happened until the
+index is whole again; the next start maps only sound segments and finds nothing wrong."""
 from __future__ import annotations
 
 import os
@@ -72,6 +72,9 @@ def test_a_rotten_segment_is_found_after_the_start_and_the_index_built_again(tmp
                 hits = _search(c, _word(i))
                 assert hits and hits[0]["message_id"] == ids[i], i
             assert _search(c, "zebrafish")[0]["message_id"] == rep["message"]["message_id"]
+            # built again: health is no longer DEGRADED for it
+            assert c.call("get_system_health", {})["status"] == "OK"
+        assert "the search index has been built again from the log" in d.stderr()
         d.terminate(signal.SIGTERM)
 
         d.start()
