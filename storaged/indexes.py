@@ -198,9 +198,10 @@ class TouchIndex:
     def pending(self) -> bool:
         return self._pending is not None
 
-    def load_step(self, deadline: float | None) -> bool:
+    def load_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> bool:
         """Load the next events of ``load_later`` until the monotonic clock passes ``deadline`` (None:
-        all of them; the clock is read every LOAD_STEP events). True while some remain."""
+        all of them) or ``interrupted()`` says a request waits (both asked every LOAD_STEP events).
+        True while some remain."""
         seqs, source, by_name = self._pending, self._source, self.by_name
         if seqs is None:
             return False
@@ -227,7 +228,7 @@ class TouchIndex:
                         if i == len(held) or held[i] != seq:
                             held.insert(i, seq)
             at += LOAD_STEP
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and (time.monotonic() > deadline or (interrupted is not None and interrupted())):
                 break
         self._at = at
         if at < n:

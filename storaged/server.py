@@ -472,7 +472,7 @@ class Server:
             self.store.index_step(deadline, self._request_waiting)
             return
         if self.store.touches.pending:   # a start's file touches (TouchIndex.load_later)
-            self.store.touches.load_step(deadline)
+            self.store.touches.load_step(deadline, self._request_waiting)
             return
         index = self.store.search
         while index.idle_step() and time.monotonic() < deadline and not self._request_waiting():
