@@ -250,6 +250,8 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
                     LOG.info("snapshot written in %.2f s", time.monotonic() - t1)
             except OSError as exc:
                 LOG.error("could not write the snapshot at shutdown (%s); the log is intact", exc.strerror)
+            except Exception:   # a bug must not skip closing the log and removing the pid file
+                LOG.exception("could not write the snapshot at shutdown; the log is intact")
             store.close()
         datadir.remove_pid(data_dir)
         LOG.info("stopped")

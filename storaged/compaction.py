@@ -132,7 +132,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     meta["rids"] = rids
     meta["unindexed"] = []  # this index holds every live message
     # the session metadata and the checkpoints go in the base's tail (snapshot.write_rows)
-    session_metas = [[sid, fields, meta_sizes[sid]] for sid, fields in metas.items()]
+    session_metas = [[sid, fields, meta_sizes[sid], list(store.session_meta.hot(sid))] for sid, fields in metas.items()]
     checkpoints = [[src, key, store.ingest.checkpoints[(src, key)], n] for (src, key), n in checkpoint_sizes.items()]
     # the new index as one segment: the snapshot names it, and the daemon maps it at the install
     # instead of holding a rebuilt index's millions of objects (and a start maps it too)

@@ -94,6 +94,16 @@ class IngestState:
             if isinstance(value.get("harness"), str):
                 totals["harness"] = value["harness"]   # a source's harness, known without a heartbeat
 
+    def stored_totals(self) -> dict[str, dict[str, Any]] | None:
+        """The per-source sums as a snapshot's manifest keeps them (``load``'s ``totals``), or None when
+        one does not fit msgpack's integers (a client may checkpoint any count: two of 2**64 - 1 sum past
+        them); a start then sums the checkpoints itself, as before the manifest kept them."""
+        for sums in self.totals.values():
+            for k in (*_TOTAL_KEYS, "files", "last_at"):
+                if not 0 <= sums[k] < 1 << 63:
+                    return None
+        return self.totals
+
     def of_source(self, source: str) -> dict[str, dict[str, Any]]:
         return {key: self.checkpoints[(src, key)] for src, key in self.checkpoints if src == source}
 

@@ -756,6 +756,9 @@ class Store:
         fresh = SearchIndex()
         fresh.retire(self.replace_index(fresh))
         self.unindexed.extend(self.table.live_seqs().tolist())
+        # as for a start's replayed queue: a snapshot is due once the index catches up on it, so the
+        # next start maps the new index, not the damaged segment again
+        self.snapshot_unindexed = len(self.unindexed)
 
     def _index_whole_again(self) -> None:
         """After a ``discard_index``: once the new index holds every message (nothing queued, no
@@ -1092,7 +1095,7 @@ class Store:
             "session_meta": self.session_meta_entries() if extras else [],
             "checkpoints": self.ingest.dump() if extras else [],
             # the checkpoints' per-source sums, so that a start takes their bytes as they are (IngestState.load)
-            "ingest_totals": self.ingest.totals,
+            "ingest_totals": self.ingest.stored_totals(),
             # queued for the search index, not in the dump: queued again at the next start
             "unindexed": [seq for seq in dict.fromkeys(self.unindexed) if seq in self.by_seq and seq not in self._index],
         }

@@ -543,3 +543,37 @@ def test_a_tail_without_the_hot_fields_is_read_and_replaced_by_a_base_with_them(
     monkeypatch.undo()
     assert _meta_state(again) == state
     again.close()
+
+
+def test_sums_past_msgpacks_integers_are_left_out_of_the_manifest_not_the_snapshot(tmp_path):
+    """A client may checkpoint any count: two of 2**64 - 1 sum past what msgpack holds. The manifest
+    then leaves the sums out (a start sums the checkpoints itself) rather than fail every snapshot."""
+    d = str(tmp_path)
+    s = Store.open(d)
+    for n in range(2):
+        _ingest(s, n, f"codex:s{n}", f"/f{n}.jsonl", {"bytes": 2**64 - 1})
+    assert s.ingest.totals["codex"]["bytes"] == 2**65 - 2 and s.ingest.stored_totals() is None
+    assert s.write_snapshot()
+    state = _meta_state(s)
+    assert snapshot.read(FileIO(), os.path.join(d, "snapshot"))[0]["ingest_totals"] is None
+    s = reopened(s)
+    assert s.snapshot_valid and s.snapshot_pos == s.log_size() and _meta_state(s) == state
+    s.close()
+
+
+def test_a_rebuild_writes_the_hot_fields_and_the_sums_too(tmp_path):
+    """rebuild_index writes its own base: with the sessions' hot fields and the manifest's sums, so the
+    start after it unpacks nothing and is due no base."""
+    from storaged.compaction import rebuild
+
+    d = str(tmp_path)
+    s = Store.open(d)
+    for n in range(3):
+        _ingest(s, n, f"codex:s{n}", f"/f{n}.jsonl", {"offset": n, "events": 1})
+    rebuild(s)
+    state = _meta_state(s)
+    assert all(len(entry) == 4 for entry in tail_of(d, s.row_segments[0][0])["session_meta"])
+    assert snapshot.read(FileIO(), os.path.join(d, "snapshot"))[0]["ingest_totals"]["codex"]["events"] == 3
+    s = reopened(s)
+    assert s.snapshot_valid and not s.rows_legacy and not s.snapshot_due() and _meta_state(s) == state
+    s.close()
