@@ -546,18 +546,24 @@ class Server:
         """The outcome of the deferred CRC checks of the index segments the start mapped, once they are
         done (Store.index_check_step): on a failure the children working on the old index end first
         (the catch-up child's part is queued again, the snapshot child's plan dropped), then the store
-        builds the index again (Store.discard_index) — unless a rebuild is replacing it already."""
-        reason = self.store.index_check_step()
-        if reason is None:
+        builds the index again (Store.discard_index). While a rebuild runs the outcome waits: the rebuilt
+        index replaces this one (and no failure is reported for a segment it no longer maps)."""
+        store = self.store
+        if store.rebuilding:   # its index replaces this one; if it fails, the outcome is taken after it
             return
-        if self.store.rebuilding:
-            LOG.error("the search index was damaged (%s); the rebuild under way replaces it", reason)
+        reason = store.index_check_step()
+        if reason is None:
             return
         if self.split is not None:
             self._reap_split(block=True)
         if self.snapshot_child is not None:
             self._reap_snapshot_child(block=True, kill=True)
-        self.store.discard_index(reason)
+        store.discard_index(reason)
+        # as after a start that replayed the whole log: the loop and a catch-up child index the queue
+        # (none failed: the one just ended was killed here), and background snapshots wait for them a while
+        self.split_failed = -SPLIT_RETRY_S
+        self.replayed_until = store.unindexed[-1] if store.unindexed else 0
+        self.replay_wait_until = time.monotonic() + REPLAY_CATCH_UP_MAX_S
 
     def _reap_split(self, block: bool, wait_s: float = 0.0) -> None:
         """Install the catch-up child's segment once it has ended (``block``: waiting up to ``wait_s``,
