@@ -73,7 +73,7 @@ import numpy as np
 from . import layout
 from .fileio import FileIO, Paced
 
-__all__ = ["Segment", "SegmentInvalid", "DEFERRED", "check_later", "write", "new_name", "is_segment_name", "is_index_segment_name",
+__all__ = ["Segment", "SegmentCheck", "SegmentInvalid", "DEFERRED", "check_later", "write", "new_name", "is_segment_name", "is_index_segment_name",
            "is_rows_segment_name"]
 
 MAGIC = b"CMSEG\x00\x00\x01"
@@ -233,14 +233,17 @@ def write(io: FileIO, path: str, slot_lo: int, slot_hi: int, terms: list[str], f
     return pos
 
 
-def _file_crc(io: FileIO, path: str, start: int, end: int) -> int:
+def _file_crc(io: FileIO, path: str, start: int, end: int, stop: threading.Event | None = None) -> int | None:
     """CRC-32 of the file's bytes [start, end), read with pread: the check reads the page cache, not
-    the mapping, so it leaves nothing resident in the daemon."""
+    the mapping, so it leaves nothing resident in the daemon. None if ``stop`` is set meanwhile (it is
+    looked at between reads of 1 MiB)."""
     fd = io.open_read(path)
     try:
         crc = 0
         pos = start
         while pos < end:
+            if stop is not None and stop.is_set():
+                return None
             chunk = io.pread(fd, min(1 << 20, end - pos), pos)
             if not chunk:
                 break
@@ -292,29 +295,53 @@ def start_body_crcs(io: FileIO, paths: Sequence[str]) -> dict[str, Future]:
         pool.shutdown(wait=False)   # the threads end with their work; the caller waits on the futures
 
 
-def check_later(segments: Sequence["Segment"], io: FileIO) -> "Future[list[tuple[Segment, str]]]":
-    """``check_body`` of each of ``segments`` in turn on one thread of its own at CHECK_NICE (so the
-    request loop, the catch-up child and the snapshot child keep their share of two cores); the
-    future's result: (segment, what is wrong) of each that failed."""
+def check_later(segments: Sequence["Segment"], io: FileIO) -> "SegmentCheck":
+    """``check_body`` of each of ``segments`` in turn, on a thread of its own (``SegmentCheck``)."""
+    return SegmentCheck(segments, io)
 
-    def work() -> list[tuple[Segment, str]]:
+
+class SegmentCheck:
+    """The deferred CRC checks of a start's segments, one after another on a daemon thread at
+    CHECK_NICE (the request loop, the catch-up child and the snapshot child keep their share of two
+    cores). A daemon thread, and ``stop`` looked at between reads: a daemon stopped right after its
+    start exits at once, not after gigabytes of checks (a supervisor's stop timeout is 10 s)."""
+
+    def __init__(self, segments: Sequence["Segment"], io: FileIO) -> None:
+        self._failed: list[tuple[Segment, str]] = []
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(list(segments), io), name="segment-check",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, segments: list["Segment"], io: FileIO) -> None:
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CHECK_NICE)
-        except (OSError, AttributeError):   # not Linux, or not allowed: at the loop's own priority
-            pass
-        failed = []
-        for seg in segments:
             try:
-                seg.check_body(io)
-            except SegmentInvalid as exc:
-                failed.append((seg, str(exc)))
-        return failed
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CHECK_NICE)
+            except (OSError, AttributeError):   # not Linux, or not allowed: at the loop's own priority
+                pass
+            for seg in segments:
+                try:
+                    seg.check_body(io, self._stop)
+                except SegmentInvalid as exc:
+                    self._failed.append((seg, str(exc)))
+                if self._stop.is_set():
+                    return
+        finally:
+            self._done.set()
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-check")
-    try:
-        return pool.submit(work)
-    finally:
-        pool.shutdown(wait=False)
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> list[tuple["Segment", str]]:
+        """(segment, what is wrong) of each that failed; waits up to ``timeout`` (TimeoutError)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError("the segments' checks are still running")
+        return list(self._failed)
+
+    def stop(self) -> None:
+        """End the checks soon (the segments not checked yet stay ``verified`` False)."""
+        self._stop.set()
 
 
 class WindowGroup(NamedTuple):
@@ -433,17 +460,19 @@ class Segment:
 
     nbytes = 0  # on the heap: the mapping is the page cache's, not the daemon's
 
-    def check_body(self, io: FileIO) -> None:
+    def check_body(self, io: FileIO, stop: threading.Event | None = None) -> None:
         """The CRC a ``DEFERRED`` open skipped, read through the page cache (pread, not the mapping):
-        raises SegmentInvalid if the file fails it or cannot be read; ``verified`` once it holds.
-        Safe on another thread: it reads only what the open fixed."""
+        raises SegmentInvalid if the file fails it or cannot be read; ``verified`` once it holds (not
+        if ``stop`` is set first). Safe on another thread: it reads only what the open fixed."""
         if self.verified:
             return
         head, crc = self._head_crc
         try:
-            body_crc = _file_crc(io, self.path, len(head) + CRC.size, self.size)
+            body_crc = _file_crc(io, self.path, len(head) + CRC.size, self.size, stop)
         except OSError as exc:
             raise SegmentInvalid(f"segment {self.name} cannot be read ({exc.strerror or exc})") from None
+        if body_crc is None:
+            return
         if zlib.crc32(head, body_crc) != crc:
             raise SegmentInvalid(f"segment {self.name} fails its checksum")
         self.verified = True

@@ -1299,6 +1299,8 @@ class Store:
         }
 
     def close(self) -> None:
+        if self.index_check is not None:   # (its thread reads the segments: it ends between two reads)
+            self.index_check.stop()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
