@@ -1767,6 +1767,11 @@ class SearchIndex:
     def segment_names(self) -> list[str]:
         return [p.name for p in self._parts if isinstance(p, Segment)]
 
+    def live_docs(self) -> np.ndarray:
+        """The docs of the live slots (a copy)."""
+        alive = np.frombuffer(bytes(self._alive), np.uint8) != 0
+        return np.frombuffer(self._slot_doc, np.uint64)[: len(alive)][alive].astype(np.int64)
+
     def unverified_segments(self) -> list[Segment]:
         """The segments opened ``DEFERRED`` whose CRC has not been checked yet (``Segment.check_body``)."""
         return [p for p in self._parts if isinstance(p, Segment) and not p.verified]
