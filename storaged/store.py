@@ -376,11 +376,13 @@ class Store:
         except (snapshot.SnapshotInvalid, ValueError, KeyError, TypeError) as exc:
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
             self.snapshot_valid = False
+            self._drop_index_check()
             self._index = SearchIndex()
             if reader is not None:
                 reader.close()
             return logfile.HEADER_SIZE
         except BaseException:
+            self._drop_index_check()
             if reader is not None:
                 reader.close()
             raise
@@ -392,6 +394,7 @@ class Store:
             # half-way through the rows: start again from a fresh state and replay the whole log, as for
             # any unusable snapshot.
             LOG.warning("ignoring the snapshot (%s); replaying the whole log", exc)
+            self._drop_index_check()
             cursor_key = self.cursor_key
             self.log_text.close()  # the fresh state opens its own
             self.__init__(self.dir, self.io)  # type: ignore[misc]
@@ -402,6 +405,13 @@ class Store:
             return logfile.HEADER_SIZE
         finally:
             reader.close()
+
+    def _drop_index_check(self) -> None:
+        """Stop the deferred checks of segments this start no longer uses (an ignored snapshot's, a
+        discarded index's): their outcome no longer matters, and their reads would go on meanwhile."""
+        if self.index_check is not None:
+            self.index_check.stop()
+            self.index_check = None
 
     def _load_snapshot_state(self, meta: dict[str, Any], reader: snapshot.Reader) -> int:
         self.last_seq = meta["last_seq"]
@@ -754,9 +764,7 @@ class Store:
             f"the search index was damaged ({reason}); it is being built again from the log, searches are "
             f"answered BUSY until it is done")
         LOG.error("%s", self.last_error)
-        if self.index_check is not None:   # what it finds no longer matters
-            self.index_check.stop()
-            self.index_check = None
+        self._drop_index_check()
         fresh = SearchIndex()
         fresh.retire(self.replace_index(fresh))
         self.unindexed.extend(self.table.live_seqs().tolist())
@@ -765,7 +773,8 @@ class Store:
         self.snapshot_unindexed = len(self.unindexed)
 
     def _check_index_docs(self) -> None:
-        """Every live slot of the loaded index names a message the snapshot holds. The segments' CRCs
+        """Every live slot of the loaded index names a message the snapshot holds and has not queued for
+        the index. The segments' CRCs
         are checked only after the start (segment.DEFERRED), and their per-slot tables are read now: a
         doc number rotten there would fail every search that reaches it, and leave its message out.
         Numpy over the slots (~20 ms at five million); if one does not hold, the index is built again."""
@@ -775,6 +784,8 @@ class Store:
             bad = len(docs) and (int(docs.min()) < 0 or int(docs.max()) >= len(etype) or not etype[docs].all())
         finally:
             del etype
+        if not bad and len(docs) and self.unindexed:   # a queued message is in no slot yet
+            bad = np.isin(docs, np.fromiter(self.unindexed, np.int64, len(self.unindexed))).any()
         if bad:
             self.discard_index("its per-slot tables name messages the snapshot does not hold")
 
@@ -1317,8 +1328,7 @@ class Store:
         }
 
     def close(self) -> None:
-        if self.index_check is not None:   # (its thread reads the segments: it ends between two reads)
-            self.index_check.stop()
+        self._drop_index_check()   # (its thread reads the segments: it ends between two reads)
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -507,17 +507,25 @@ def test_the_deferred_checks_never_hold_up_an_exit_or_a_close(tmp_path):
     assert check.result(timeout=10) == [] and store._index.unverified_segments()
 
 
-def test_a_per_slot_doc_that_names_no_message_is_found_at_open(tmp_path):
+@pytest.mark.parametrize("doc", ["no message", "a queued message"])
+def test_a_per_slot_doc_that_names_no_indexed_message_is_found_at_open(tmp_path, doc):
     """The per-slot tables are read at open, before the deferred CRC check has read them: a slot whose
-    doc names no message of the snapshot (it would fail every search reaching it) makes the start build
-    the index again at once, the check stopped."""
+    doc names no message of the snapshot (it would fail every search reaching it), or one the snapshot
+    left queued for the index (it would never be indexed, and its own message would be lost to search),
+    makes the start build the index again at once, the check stopped."""
     import struct
 
     from storaged import segment as seg_mod
     from storaged.store import Store
+    from tests.support.faultio import write
 
     d = str(tmp_path / "d")
     ids = _store_with_segment(d, 40)
+    store = Store.open(d)
+    ids += [write(store, "s", f"wombat queued {i}")["message"]["message_id"] for i in range(5)]
+    assert store.write_snapshot() and len(store.unindexed) == 5   # the manifest lists them as queued
+    queued = store.unindexed[0]
+    store.close()
     (name,) = [n for n in os.listdir(d) if n.endswith(".seg") and not n.startswith("rows")]
     path = os.path.join(d, name)
     with open(path, "r+b") as f:
@@ -525,11 +533,36 @@ def test_a_per_slot_doc_that_names_no_message_is_found_at_open(tmp_path):
         sections = seg_mod.SECTIONS[seg_mod.VERSION].unpack_from(buf, seg_mod.HEAD.size)
         off = sections[2 * (4 + 4 * seg_mod.NFIELDS)]   # slot_doc: slot 0's doc
         f.seek(off)
-        f.write(struct.pack("<Q", 1000))
+        f.write(struct.pack("<Q", 1000 if doc == "no message" else queued))
     store = Store.open(d)
     assert store.snapshot_valid and store.index_check is None and not store._index.segment_names()
-    assert "per-slot tables" in store.health()["last_error"] and len(store.unindexed) == 40
+    assert "per-slot tables" in store.health()["last_error"] and len(set(store.unindexed)) == 45
     hits = store.search.search("wombat", 50)
-    assert len(hits) == 40 and store.health()["status"] == "OK"
+    assert len(hits) == 45 and store.health()["status"] == "OK"
     assert {store.by_seq[h.doc].message_id for h in hits} == set(ids)
+    store.close()
+
+
+def test_an_ignored_snapshot_stops_the_checks_of_its_segments(tmp_path, monkeypatch):
+    """A row segment that fails its checksum (found after the index segments' checks began) makes the
+    start replay the log: the checks of the segments it no longer uses stop, not read on beside it."""
+    from storaged import store as store_mod
+    from storaged.store import Store
+
+    d = str(tmp_path / "d")
+    _store_with_segment(d, 50)
+    (rows,) = [n for n in os.listdir(d) if n.startswith("rows")]
+    with open(os.path.join(d, rows), "r+b") as f:
+        f.seek(os.path.getsize(os.path.join(d, rows)) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x01]))
+    made = []
+    real = store_mod.check_later
+    monkeypatch.setattr(store_mod, "check_later", lambda segs, io: made.append(real(segs, io)) or made[-1])
+    store = Store.open(d)
+    assert not store.snapshot_valid and store.index_check is None and len(made) == 1
+    assert made[0]._stop.is_set()
+    made[0].thread.join(10)
+    assert not made[0].thread.is_alive()
     store.close()
