@@ -820,8 +820,9 @@ def _all_in(values: np.ndarray, ascending: np.ndarray) -> bool:
 
 
 def _pair_seqs(pairs: list) -> np.ndarray:
-    """The seqs of [seq, value] pairs, as an array (a seq that is not an int: TypeError, as for any
-    malformed segment)."""
+    """The seqs of [seq, value] pairs, as an array for the checks' bisections (numpy converts what it
+    can — a float, a numeric string — and refuses the rest with TypeError or ValueError; the later
+    steps, which use the seqs themselves, refuse whatever is not an int: a malformed segment)."""
     return np.fromiter((pair[0] for pair in pairs), np.int64, len(pairs))
 
 
