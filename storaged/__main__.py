@@ -246,7 +246,8 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
                 LOG.info("indexed the search queue for %.2f s at shutdown%s", time.monotonic() - t1,
                          f"; {len(store.unindexed)} messages stay queued" if more else "")
             try:
-                if store.write_snapshot():
+                # (a base due is left to the next start's background snapshot, when there are any)
+                if store.write_snapshot(base_later=server.snapshot_every_records > 0):
                     LOG.info("snapshot written in %.2f s", time.monotonic() - t1)
             except OSError as exc:
                 LOG.error("could not write the snapshot at shutdown (%s); the log is intact", exc.strerror)

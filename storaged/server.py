@@ -612,7 +612,7 @@ class Server:
         # import queued them), and it has: the next start should find them indexed
         index_caught_up = not store.unindexed and store.snapshot_unindexed >= min(self.snapshot_every_records,
                                                                                    INDEXED_SINCE_SNAPSHOT)
-        if not (log_grew or index_caught_up or store.search_flush_due() or store.rows_legacy):
+        if not (log_grew or index_caught_up or store.search_flush_due() or store.base_due()):
             return
         tmp = store.snapshot_path + layout.BACKGROUND_SUFFIX
         pos = store.writer.size

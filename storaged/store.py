@@ -1132,20 +1132,30 @@ class Store:
     def snapshot_due(self) -> bool:
         """Whether the snapshot on disk is behind: the log grew since, or the search index indexed
         messages the snapshot left queued, or its live lists are big enough to be written as a segment
-        (SearchIndex.flush_due), or its rows are in segments of an earlier version (``rows_legacy``:
-        every start would convert them again)."""
+        (SearchIndex.flush_due), or a base of the rows is due (``base_due``: rows of an earlier
+        version, which every start would convert again, or deltas a stop left in its place)."""
         return self.writer is not None and not self.corrupt and not self.broken and self.relocation is None and (
             self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed
-            or self.search_flush_due() or self.rows_legacy)
+            or self.search_flush_due() or self.base_due())
 
-    def plan_snapshot(self, inline: bool = False) -> "SnapshotPlan":
+    def base_due(self, more: int = 0) -> bool:
+        """The next snapshot should write a base: the row segments include one of an earlier version or
+        a tail without the hot fields (``rows_legacy``), or ROW_SEGMENTS_MAX are in use, or the deltas,
+        with ``more`` rows and dead seqs, would pass half the base. (A stop's snapshot may leave it to
+        the next start's background one: ``write_snapshot``'s ``base_later``.)"""
+        segments = self.row_segments
+        return segments is not None and (self.rows_legacy or len(segments) >= ROW_SEGMENTS_MAX or (
+            sum(n + dead for _, n, dead in segments[1:]) + more > max(ROW_DELTA_MIN, segments[0][1] // 2)))
+
+    def plan_snapshot(self, inline: bool = False, base_later: bool = False) -> "SnapshotPlan":
         """Before a snapshot: freeze the search index's live postings and plan the segment the
         snapshot writes (SearchIndex.plan), and the row segment: a delta of the rows changed since
         the last snapshot, or a base of every row when there is no base on disk, or when the deltas
         would pass half of it or ROW_SEGMENTS_MAX files are in use (so a start reads at most ~1.5× the rows,
         and every row is rewritten a bounded number of times). Called by the process that keeps the
         store (before a background snapshot's fork, or ``inline``: a snapshot this thread writes
-        itself, whose merges stay small). The changed rows are taken from the store's sets here:
+        itself, whose merges stay small; ``base_later``: a delta even where a base is due, see
+        ``write_snapshot``). The changed rows are taken from the store's sets here:
         ``abandon_snapshot`` puts them back if the snapshot is never installed."""
         index_plan = self._index.plan(inline)
         changed, deleted = self.rows_changed, self.rows_deleted
@@ -1156,9 +1166,7 @@ class Store:
         segments = self.row_segments
         seqs = sorted(seq for seq in changed if seq in self.by_seq)
         # a delta's weight at start: its rows, and its dead seqs, each dropping a row of the base
-        base = segments is None or self.rows_legacy or len(segments) >= ROW_SEGMENTS_MAX or (
-            sum(n + dead for _, n, dead in segments[1:]) + len(seqs) + len(deleted)
-            > max(ROW_DELTA_MIN, segments[0][1] // 2))
+        base = segments is None or not base_later and self.base_due(len(seqs) + len(deleted))
         dead = [] if base else sorted(deleted)
         if base:
             name = snapshot.rows_name()
@@ -1260,13 +1268,17 @@ class Store:
         doomed = [os.path.join(self.dir, name) for name in names if is_segment_name(name) and name not in keep]
         _remove_all(self.io, doomed, release=not wait)
 
-    def write_snapshot(self) -> bool:
-        """Save the state for a fast next start (at a clean stop). Skipped when nothing changed."""
+    def write_snapshot(self, base_later: bool = False) -> bool:
+        """Save the state for a fast next start (at a clean stop). Skipped when nothing changed.
+        ``base_later``: a stop of a daemon that snapshots in the background writes a delta even when a
+        base is due (rows of an earlier version, too many or too big deltas) and leaves the base to
+        the next start's background snapshot: a base is every row, 728 MB and ~10 s at five million
+        events, past a supervisor's stop timeout (10 s by default), which would end the stop by SIGKILL."""
         self.relocate_step(None)  # a clean stop: the rows must all name the current log
         if not self.snapshot_due():
             return False
         tmp = self.snapshot_path + layout.TMP_SUFFIX
-        plan = self.plan_snapshot(inline=True)
+        plan = self.plan_snapshot(inline=True, base_later=base_later)
         try:
             self.install_snapshot(tmp, self.write_snapshot_file(tmp, plan), plan)
         except BaseException:

@@ -577,3 +577,22 @@ def test_a_rebuild_writes_the_hot_fields_and_the_sums_too(tmp_path):
     s = reopened(s)
     assert s.snapshot_valid and not s.rows_legacy and not s.snapshot_due() and _meta_state(s) == state
     s.close()
+
+
+def test_a_stop_leaves_a_due_base_to_the_next_start(tmp_path):
+    """A stop of a daemon that snapshots in the background (``base_later``) writes a delta where a base
+    is due — a base at five million events is ~10 s, past a supervisor's stop timeout — and the next
+    start is due the base at once (its background snapshot writes it)."""
+    d, name, state, before = _base_rewritten(tmp_path, 4, lambda metas, cps: ([m[:3] for m in metas], cps))
+    s = Store.open(d)
+    assert s.rows_legacy and s.base_due() and s.snapshot_due()
+    _ingest(s, 9, "codex:s9", "/f9.jsonl", {"offset": 9})
+    assert s.write_snapshot(base_later=True)
+    assert s.row_segments[0][0] == name and len(s.row_segments) == 2   # the old base and a delta
+    state = _meta_state(s)
+    s = reopened(s)
+    assert s.snapshot_valid and s.snapshot_pos == s.log_size() and _meta_state(s) == state
+    assert s.base_due() and s.snapshot_due()
+    assert s.write_snapshot() and len(s.row_segments) == 1 and s.row_segments[0][0] != name
+    assert not s.base_due() and not s.snapshot_due()
+    s.close()
