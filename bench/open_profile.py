@@ -104,6 +104,7 @@ def _runs(data_dir: str, repeat: int, times: dict[str, float]) -> None:
         print(f"  {_rss()}")
         store.close()
         del store
+        gc.collect()   # (not timed) the store just closed, freed before the next open measures its own
     sys.stdout.flush()
 
 
