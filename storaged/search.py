@@ -1772,6 +1772,16 @@ class SearchIndex:
         alive = np.frombuffer(bytes(self._alive), np.uint8) != 0
         return np.frombuffer(self._slot_doc, np.uint64)[: len(alive)][alive].astype(np.int64)
 
+    def lengths_agree(self) -> bool:
+        """The live slots' lengths in each field sum to the field's total and count its non-empty docs
+        as the dump says (what BM25's average length is made of; the index keeps both in step)."""
+        alive = np.frombuffer(bytes(self._alive), np.uint8) != 0
+        for f, lens in enumerate(self._lens):
+            live = np.frombuffer(lens, np.uint32)[: len(alive)][alive]
+            if int(live.sum(dtype=np.int64)) != self._total_len[f] or int(np.count_nonzero(live)) != self._nonempty[f]:
+                return False
+        return True
+
     def unverified_segments(self) -> list[Segment]:
         """The segments opened ``DEFERRED`` whose CRC has not been checked yet (``Segment.check_body``)."""
         return [p for p in self._parts if isinstance(p, Segment) and not p.verified]

@@ -507,12 +507,13 @@ def test_the_deferred_checks_never_hold_up_an_exit_or_a_close(tmp_path):
     assert check.result(timeout=10) == [] and store._index.unverified_segments()
 
 
-@pytest.mark.parametrize("doc", ["no message", "a queued message"])
+@pytest.mark.parametrize("doc", ["no message", "a queued message", "a length"])
 def test_a_per_slot_doc_that_names_no_indexed_message_is_found_at_open(tmp_path, doc):
     """The per-slot tables are read at open, before the deferred CRC check has read them: a slot whose
     doc names no message of the snapshot (it would fail every search reaching it), or one the snapshot
     left queued for the index (it would never be indexed, and its own message would be lost to search),
-    makes the start build the index again at once, the check stopped."""
+    or a length that does not add up to the dump's totals (every score skewed), makes the start build the
+    index again at once, the check stopped."""
     import struct
 
     from storaged import segment as seg_mod
@@ -531,12 +532,19 @@ def test_a_per_slot_doc_that_names_no_indexed_message_is_found_at_open(tmp_path,
     with open(path, "r+b") as f:
         buf = bytearray(f.read())
         sections = seg_mod.SECTIONS[seg_mod.VERSION].unpack_from(buf, seg_mod.HEAD.size)
-        off = sections[2 * (4 + 4 * seg_mod.NFIELDS)]   # slot_doc: slot 0's doc
-        f.seek(off)
-        f.write(struct.pack("<Q", 1000 if doc == "no message" else queued))
+        if doc == "a length":   # slot 0's length in the content field, one term more
+            off = sections[2 * (4 + 4 * seg_mod.NFIELDS + 1)]
+            f.seek(off)
+            (n,) = struct.unpack("<I", f.read(4))
+            f.seek(off)
+            f.write(struct.pack("<I", n + 1))
+        else:
+            off = sections[2 * (4 + 4 * seg_mod.NFIELDS)]   # slot_doc: slot 0's doc
+            f.seek(off)
+            f.write(struct.pack("<Q", 1000 if doc == "no message" else queued))
     store = Store.open(d)
     assert store.snapshot_valid and store.index_check is None and not store._index.segment_names()
-    assert "per-slot tables" in store.health()["last_error"] and len(set(store.unindexed)) == 45
+    assert "per-slot" in store.health()["last_error"] and len(set(store.unindexed)) == 45
     hits = store.search.search("wombat", 50)
     assert len(hits) == 45 and store.health()["status"] == "OK"
     assert {store.by_seq[h.doc].message_id for h in hits} == set(ids)
