@@ -82,8 +82,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from storaged.fileio import FileIO
-from storaged.segment import (Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name, start_body_crcs,
+from storaged.segment import (Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name,
                               window_range as segment_window_range, write as segment_write)
 from storaged.tokenize import index_terms, query_runs
 
@@ -2662,10 +2661,8 @@ class SearchIndex:
         for (name, _, _), path in zip(listed, paths):
             if path is None:
                 raise SegmentInvalid(f"not a segment name: {name!r}")
-        crcs = start_body_crcs(io or FileIO(), paths) if verify is True else {}
         for (name, lo, hi), path in zip(listed, paths):
-            check = crcs.get(path)
-            seg = Segment(path, io, verify, None if check is None else check.result())
+            seg = Segment(path, io, verify)
             if (seg.slot_lo, seg.slot_hi) != (lo, hi) or lo != at:
                 raise SegmentInvalid(f"segment {name} does not cover the slots the snapshot says")
             self._parts.append(seg)

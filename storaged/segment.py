@@ -47,7 +47,7 @@ range's itself.
 Every section starts 8-byte aligned; the numbers after the head are in the writer's native byte
 order (a segment of the other order is refused: the index is then rebuilt from the log). Each section
 is checked against the file's size at open; the whole file, head included, against its CRC — at open
-(``verify=True``), or, for a store's start, after it (``verify=DEFERRED``, then ``check_later``): at
+(``verify=True``), or, for a store's start, after it (``verify=DEFERRED``, then ``SegmentCheck``): at
 five million events the segments are 3.8 GB, ~2 s of CRC on a core, which a start that checked them
 first spent before its first search. LevelDB checks a table's blocks only as reads need them, and
 only if asked; here every byte is still checked, on a low-priority thread while the store serves, and
@@ -65,7 +65,6 @@ import sys
 import threading
 import zlib
 from bisect import bisect_left
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -73,7 +72,7 @@ import numpy as np
 from . import layout
 from .fileio import FileIO, Paced
 
-__all__ = ["Segment", "SegmentCheck", "SegmentInvalid", "DEFERRED", "check_later", "write", "new_name", "is_segment_name", "is_index_segment_name",
+__all__ = ["Segment", "SegmentCheck", "SegmentInvalid", "DEFERRED", "write", "new_name", "is_segment_name", "is_index_segment_name",
            "is_rows_segment_name"]
 
 MAGIC = b"CMSEG\x00\x00\x01"
@@ -254,52 +253,6 @@ def _file_crc(io: FileIO, path: str, start: int, end: int, stop: threading.Event
         io.close(fd)
 
 
-# A start checks every segment it maps (gigabytes at millions of events): pread and zlib.crc32 let go of
-# the GIL, so the files are checked on this many threads at once (start_body_crcs), one a core
-CRC_THREADS = max(1, min(4, os.cpu_count() or 1))
-
-
-def _body_crc(io: FileIO, path: str) -> int | None:
-    """CRC-32 of a segment's body (after its header), or None when its head is not one this release
-    reads (``Segment`` then says what is wrong with it)."""
-    fd = io.open_read(path)
-    try:
-        head = io.pread(fd, HEAD.size, 0)
-        size = os.fstat(fd).st_size
-    finally:
-        io.close(fd)
-    if len(head) < HEAD.size:
-        return None
-    version = HEAD.unpack_from(head, 0)[1]
-    if version not in HEADER_SIZE or size < HEADER_SIZE[version]:
-        return None
-    return _file_crc(io, path, HEADER_SIZE[version], size)
-
-
-def start_body_crcs(io: FileIO, paths: Sequence[str]) -> dict[str, Future]:
-    """Begin each segment's body CRC (``_body_crc``) on up to CRC_THREADS threads; each future's
-    result is the CRC, None (a head this release does not read) or the OSError that stopped it."""
-
-    def one(path: str) -> int | None | OSError:
-        try:
-            return _body_crc(io, path)
-        except OSError as exc:
-            return exc
-
-    if not paths:
-        return {}
-    pool = ThreadPoolExecutor(max_workers=min(CRC_THREADS, len(paths)), thread_name_prefix="segment-crc")
-    try:
-        return {path: pool.submit(one, path) for path in paths}
-    finally:
-        pool.shutdown(wait=False)   # the threads end with their work; the caller waits on the futures
-
-
-def check_later(segments: Sequence["Segment"], io: FileIO) -> "SegmentCheck":
-    """``check_body`` of each of ``segments`` in turn, on a thread of its own (``SegmentCheck``)."""
-    return SegmentCheck(segments, io)
-
-
 class SegmentCheck:
     """The deferred CRC checks of a start's segments, one after another on a daemon thread at
     CHECK_NICE (the request loop, the catch-up child and the snapshot child keep their share of two
@@ -366,13 +319,11 @@ class Segment:
                  "_samples", "_sampling", "window_shift", "_w_lo", "_n_win", "_win_avg", "_bterm", "_bmax", "_bval",
                  "_bcnt", "_hash", "_groups")
 
-    def __init__(self, path: str, io: FileIO | None = None, verify: bool | str = True,
-                 body_crc: int | None | OSError = None) -> None:
+    def __init__(self, path: str, io: FileIO | None = None, verify: bool | str = True) -> None:
         """``verify=False`` skips the CRC (reading the whole file): for a segment this process or its
         snapshot child has just written and fsynced, adopted on the request loop's thread.
         ``verify=DEFERRED``: a store's start, which checks it after it serves (``check_body``; until
-        then ``verified`` is False). ``body_crc``: the body's CRC as ``start_body_crcs`` computed it
-        (on another thread)."""
+        then ``verified`` is False)."""
         io = io or FileIO()
         self.path = path
         self.name = os.path.basename(path)
@@ -393,20 +344,12 @@ class Segment:
             raise SegmentInvalid(f"segment {self.name} is truncated")
         sec = SECTIONS[version].unpack_from(buf, HEAD.size)
         (crc,) = CRC.unpack_from(buf, header_size - CRC.size)
-        deferred = verify == DEFERRED
-        if deferred:
-            verify = False
-        try:
-            if isinstance(body_crc, OSError):
-                raise body_crc
-            if verify and body_crc is None:
-                body_crc = _file_crc(io, path, header_size, self.size)
-        except OSError as exc:  # an unreadable segment makes the snapshot unusable, not the start impossible
-            raise SegmentInvalid(f"segment {self.name} cannot be read ({exc.strerror or exc})") from None
-        if verify and zlib.crc32(bytes(buf[:header_size - CRC.size]), body_crc) != crc:
-            raise SegmentInvalid(f"segment {self.name} fails its checksum")
-        self.verified = not deferred
-        self._head_crc = (bytes(buf[:header_size - CRC.size]), crc) if deferred else None
+        # the head before its CRC, and the CRC: checked with the body now (verify True), after the
+        # start (DEFERRED), or never (False: a file this process or its child has just written)
+        self._head_crc = (bytes(buf[:header_size - CRC.size]), crc)
+        self.verified = verify is False
+        if verify is True:
+            self.check_body(io)
         mv = memoryview(buf)
         views = []
         for i in range(N_SECTIONS[version]):
@@ -461,9 +404,10 @@ class Segment:
     nbytes = 0  # on the heap: the mapping is the page cache's, not the daemon's
 
     def check_body(self, io: FileIO, stop: threading.Event | None = None) -> None:
-        """The CRC a ``DEFERRED`` open skipped, read through the page cache (pread, not the mapping):
-        raises SegmentInvalid if the file fails it or cannot be read; ``verified`` once it holds (not
-        if ``stop`` is set first). Safe on another thread: it reads only what the open fixed."""
+        """The file's CRC, head and body, read through the page cache (pread, not the mapping): raises
+        SegmentInvalid if the file fails it or cannot be read (an unreadable segment makes the snapshot
+        unusable, not the start impossible); ``verified`` once it holds (not if ``stop`` is set first).
+        Safe on another thread (a ``DEFERRED`` open's ``SegmentCheck``): it reads only what the open fixed."""
         if self.verified:
             return
         head, crc = self._head_crc

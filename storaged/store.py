@@ -47,7 +47,7 @@ from .ingeststate import IngestState
 from .model import Message, message_from_args
 from .packedmap import PackedMap, is_packed_map
 from .search import DumpOutdated, SearchIndex, SegmentPlan
-from .segment import DEFERRED, Segment, check_later, is_segment_name, new_name as new_segment_name
+from .segment import DEFERRED, Segment, SegmentCheck, is_segment_name, new_name as new_segment_name
 from .sessionorder import SessionOrder
 from .text import LogText, locate
 
@@ -170,7 +170,7 @@ class Store:
         # indexing. Whoever searches reads ``search``, which first indexes whatever is still queued.
         self._index = SearchIndex()
         self.unindexed: deque[int] = deque()
-        # the deferred CRC checks of the index segments the start mapped (segment.check_later), until
+        # the deferred CRC checks of the index segments the start mapped (segment.SegmentCheck), until
         # index_check_step has taken their outcome; what discard_index said, until the index is whole again
         self.index_check = None
         self.index_damage: str | None = None
@@ -359,7 +359,7 @@ class Store:
             # begins now, while the rows load (segment.DEFERRED; index_check_step acts on the outcome)
             self._index = SearchIndex.load(reader.search_dump, self.dir, self.io, verify=DEFERRED)
             unverified = self._index.unverified_segments()
-            self.index_check = check_later(unverified, self.io) if unverified else None
+            self.index_check = SegmentCheck(unverified, self.io) if unverified else None
             reader.search_dump = None
             self.row_segments = reader.row_segments
             self.rows_tracked = reader.row_segments is not None

@@ -480,11 +480,11 @@ def test_the_deferred_checks_never_hold_up_an_exit_or_a_close(tmp_path):
 
     script = ("import sys, time\n"
               f"sys.path.insert(0, {os.getcwd()!r})\n"
-              "from storaged.segment import check_later\n"
+              "from storaged.segment import SegmentCheck\n"
               "class Slow:\n"
               "    name = 'slow'\n"
               "    def check_body(self, io, stop): time.sleep(30)\n"
-              "check_later([Slow()], None)\n")
+              "SegmentCheck([Slow()], None)\n")
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-c", script], check=True, timeout=20)
     assert time.monotonic() - t0 < 10
@@ -566,8 +566,8 @@ def test_an_ignored_snapshot_stops_the_checks_of_its_segments(tmp_path, monkeypa
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0x01]))
     made = []
-    real = store_mod.check_later
-    monkeypatch.setattr(store_mod, "check_later", lambda segs, io: made.append(real(segs, io)) or made[-1])
+    real = store_mod.SegmentCheck
+    monkeypatch.setattr(store_mod, "SegmentCheck", lambda segs, io: made.append(real(segs, io)) or made[-1])
     store = Store.open(d)
     assert not store.snapshot_valid and store.index_check is None and len(made) == 1
     assert made[0]._stop.is_set()
