@@ -31,6 +31,7 @@ HISTORY_POINTS = 61          # heartbeats remembered per instance, for the rate 
 RATE_MIN_POINTS = 3
 RATE_MIN_SPAN_MS = 20_000
 _TOTAL_KEYS = ("events", "redacted", "malformed", "bytes")
+_SUM_KEYS = (*_TOTAL_KEYS, "files", "last_at")   # a source's running sums (totals), as kept and stored
 
 
 def _num(value: Any) -> int:
@@ -45,9 +46,9 @@ def _checked_totals(totals: Any, sources: set[str]) -> dict[str, dict[str, Any]]
     out = {}
     for src, sums in totals.items():
         if not isinstance(src, str) or not isinstance(sums, dict) or any(
-                _num(sums.get(k)) != sums.get(k) for k in (*_TOTAL_KEYS, "files", "last_at")):
+                _num(sums.get(k)) != sums.get(k) for k in _SUM_KEYS):
             raise ValueError("the snapshot's ingest totals are not sums")
-        out[src] = {k: sums[k] for k in (*_TOTAL_KEYS, "files", "last_at")}
+        out[src] = {k: sums[k] for k in _SUM_KEYS}
         if isinstance(sums.get("harness"), str):
             out[src]["harness"] = sums["harness"]
     return out
@@ -74,7 +75,7 @@ class IngestState:
             if not isinstance(value, dict):
                 raise ValueError(f"the checkpoint of {source}:{key} is not a map")
         old = self.checkpoints.pop(ck, None)
-        totals = self.totals.setdefault(source, {k: 0 for k in (*_TOTAL_KEYS, "files", "last_at")})
+        totals = self.totals.setdefault(source, {k: 0 for k in _SUM_KEYS})
         if old is not None:
             for k in _TOTAL_KEYS:
                 totals[k] -= _num(old.get(k))
@@ -99,7 +100,7 @@ class IngestState:
         one does not fit msgpack's integers (a client may checkpoint any count: two of 2**64 - 1 sum past
         them); a start then sums the checkpoints itself, as before the manifest kept them."""
         for sums in self.totals.values():
-            for k in (*_TOTAL_KEYS, "files", "last_at"):
+            for k in _SUM_KEYS:
                 if not 0 <= sums[k] < 1 << 63:
                     return None
         return self.totals
