@@ -118,6 +118,21 @@ def _insort(seqs: list[int], seq: int) -> None:
         bisect.insort(seqs, seq)
 
 
+def _insort_once(seqs: list[int], seq: int) -> None:
+    """``_insort``, unless ``seq`` is there already."""
+    if not seqs or seqs[-1] < seq:
+        seqs.append(seq)
+    else:
+        i = bisect.bisect_left(seqs, seq)
+        if i == len(seqs) or seqs[i] != seq:
+            seqs.insert(i, seq)
+
+
+def _base_names(files) -> set[str]:
+    """The base names of the files an event touched (its ext's entries, path first): the touch index's keys."""
+    return {f[0].rsplit("/", 1)[-1] for f in files}
+
+
 def _remove_sorted(seqs: list[int], seq: int) -> None:
     i = bisect.bisect_left(seqs, seq)
     if i < len(seqs) and seqs[i] == seq:
@@ -181,7 +196,7 @@ class TouchIndex:
 
     @staticmethod
     def _names(msg: Message) -> set[str]:
-        return {f[0].rsplit("/", 1)[-1] for f in msg.ext[3]} if msg.ext is not None and msg.ext[3] else set()
+        return _base_names(msg.ext[3]) if msg.ext is not None and msg.ext[3] else set()
 
     def add(self, msg: Message) -> None:
         for name in self._names(msg):
@@ -211,22 +226,9 @@ class TouchIndex:
                 ext = source.get(seq)
                 if ext is None:   # deleted meanwhile, or its files gone
                     continue
-                files = ext[3]
-                if len(files) == 1:
-                    path = files[0][0]
-                    names = (path[path.rfind("/") + 1:],)
-                else:
-                    names = {f[0][f[0].rfind("/") + 1:] for f in files}
-                for name in names:
-                    held = by_name.get(name)
-                    if held is None:
-                        by_name[name] = [seq]
-                    elif held[-1] < seq:
-                        held.append(seq)
-                    else:   # a seq added meanwhile lies past it, or it is there already
-                        i = bisect.bisect_left(held, seq)
-                        if i == len(held) or held[i] != seq:
-                            held.insert(i, seq)
+                for name in _base_names(ext[3]):
+                    # (a seq added meanwhile may lie past it, or be this one: ``add`` of an update)
+                    _insort_once(by_name.setdefault(name, []), seq)
             at += LOAD_STEP
             if deadline is not None and (time.monotonic() > deadline or (interrupted is not None and interrupted())):
                 break
@@ -238,7 +240,7 @@ class TouchIndex:
 
     def add_files(self, seq: int, files) -> None:
         """The event at ``seq`` touched ``files`` (its ext's entries, path first)."""
-        for name in {f[0].rsplit("/", 1)[-1] for f in files}:
+        for name in _base_names(files):
             _insort(self.by_name.setdefault(name, []), seq)
 
     def remove(self, msg: Message) -> None:
