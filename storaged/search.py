@@ -1766,15 +1766,19 @@ class SearchIndex:
     def segment_names(self) -> list[str]:
         return [p.name for p in self._parts if isinstance(p, Segment)]
 
+    def _alive_mask(self) -> np.ndarray:
+        """Which slots are live, as booleans (of a copy: no view holds the bytearray, which grows)."""
+        return np.frombuffer(bytes(self._alive), np.uint8) != 0
+
     def live_docs(self) -> np.ndarray:
         """The docs of the live slots (a copy)."""
-        alive = np.frombuffer(bytes(self._alive), np.uint8) != 0
+        alive = self._alive_mask()
         return np.frombuffer(self._slot_doc, np.uint64)[: len(alive)][alive].astype(np.int64)
 
     def lengths_agree(self) -> bool:
         """The live slots' lengths in each field sum to the field's total and count its non-empty docs
         as the dump says (what BM25's average length is made of; the index keeps both in step)."""
-        alive = np.frombuffer(bytes(self._alive), np.uint8) != 0
+        alive = self._alive_mask()
         for f, lens in enumerate(self._lens):
             live = np.frombuffer(lens, np.uint32)[: len(alive)][alive]
             if int(live.sum(dtype=np.int64)) != self._total_len[f] or int(np.count_nonzero(live)) != self._nonempty[f]:
