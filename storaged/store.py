@@ -798,7 +798,7 @@ class Store:
         if self.index_damage is not None and not self.unindexed and self._index.hole is None:
             LOG.info("the search index has been built again from the log")
             if self.last_error == self.index_damage:
-                self.last_error = None
+                self.last_error = ""
             self.index_damage = None
 
     def index_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> bool:
