@@ -3,7 +3,8 @@
 ``store-log2-snap3`` was written by a real daemon of the release before issue 15's format change,
 ``store-log2-snap4`` by the release before the search index's segments, ``store-log2-snap5`` by the
 release before row segments, ``store-log2-snap6`` by the release before the index segments held their slots'
-docs and lengths, ``store-log2-rows2`` by the release before the narrow row (``fixtures/make_store.py`` made them and says how); ``expected.json`` beside each is what that daemon answered. ``store-v1`` is release 0.1's (its ``expected.json`` is the messages' ``to_dict`` list). Both
+docs and lengths, ``store-log2-rows2`` by the release before the narrow row, ``store-log2-rows3`` by the release before
+the packed ext entries (row segments of version 3; ``fixtures/make_store.py`` made them and says how); ``expected.json`` beside each is what that daemon answered. ``store-v1`` is release 0.1's (its ``expected.json`` is the messages' ``to_dict`` list). Both
 the in-process and the process tests read them from here, so they check the same thing.
 """
 from __future__ import annotations
@@ -21,11 +22,13 @@ STORE_SNAP4 = FIXTURES / "store-log2-snap4"  # the release before the search ind
 STORE_SNAP5 = FIXTURES / "store-log2-snap5"  # the release before row segments (rows inline, index segments)
 STORE_SNAP6 = FIXTURES / "store-log2-snap6"  # the release before index segments held their slots' docs and lengths
 STORE_ROWS2 = FIXTURES / "store-log2-rows2"  # the release before the narrow row (row segments of version 2)
+STORE_ROWS3 = FIXTURES / "store-log2-rows3"  # the release before the packed ext entries (row segments of version 3)
 STORE_0_1 = FIXTURES / "store-v1"
 EXPECTED: dict[str, Any] = json.loads((STORE / "expected.json").read_text())
 # each store made by make_store.py with a release, and what that release answered
 RELEASES: dict[str, tuple[Path, dict[str, Any]]] = {
-    p.name: (p, json.loads((p / "expected.json").read_text())) for p in (STORE, STORE_SNAP4, STORE_SNAP5, STORE_SNAP6, STORE_ROWS2)
+    p.name: (p, json.loads((p / "expected.json").read_text())) for p in (STORE, STORE_SNAP4, STORE_SNAP5, STORE_SNAP6, STORE_ROWS2,
+                                                                           STORE_ROWS3)
 }
 NOT_STORE = ("expected.json",)   # what a fixture directory holds beside the store
 
