@@ -34,6 +34,7 @@ from protocol import limits as L
 from protocol.history import EVENT_TYPES
 from protocol.validation import ULID_RE
 
+from .extfiles import ExtFiles, checked_sections, raw_entries
 from .model import Message, ext_key, shared_ext_from, shared_tags
 from .text import TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, location_from_parts, location_parts
 
@@ -205,7 +206,7 @@ class MessageTable:
         self.summary: dict[int, str] = {}
         self.relations: dict[int, tuple] = {}
         self.source_ids: dict[int, tuple] = {}
-        self.ext_files: dict[int, tuple] = {}
+        self.ext_files = ExtFiles()       # seq -> ext with files (packed as the segments hold them)
         self.wide: dict[int, tuple[int, int]] = {}   # seq -> (revision, importance) the row cannot hold
         self.odd_id: dict[int, str] = {}  # seq -> an id that is not a canonical ULID
         self.odd_seq: dict[str, int] = {}
@@ -351,7 +352,7 @@ class MessageTable:
         self.wide.pop(seq, None)
         self.relations.pop(seq, None)
         self.source_ids.pop(seq, None)
-        self.ext_files.pop(seq, None)
+        self.ext_files.discard(seq)
 
     def drop(self, seq: int) -> None:
         if not self.alive(seq):
@@ -530,6 +531,7 @@ class MessageTable:
         keys, key_seqs = _keys(ids[canonical]), seqs[canonical]
         order = np.argsort(keys)
         wanted = set(seqs.tolist()) if len(seqs) != self.count else None
+        ext_sections = self.ext_files.sections(None if wanted is None else seqs)
 
         def pairs(values: dict[int, Any], form=lambda v: v) -> list[list[Any]]:
             return sorted([seq, form(v)] for seq, v in values.items() if wanted is None or seq in wanted)
@@ -544,8 +546,8 @@ class MessageTable:
             "exts": [None if e is None else [e[0], e[1], e[2]] for e in exts],
             "summary": pairs(self.summary), "relations": pairs(self.relations, lambda v: [list(r) for r in v]),
             "source_ids": pairs(self.source_ids, list),
-            "ext_files": pairs(self.ext_files, lambda e: [e[0], e[1], e[2], [list(f) for f in e[3]]]),
             "odd_ids": pairs(self.odd_id), "wide": pairs(self.wide, list),
+            **ext_sections,
         }
 
     def load_segments(self, segments: list[tuple[dict[str, Any], list[int]]], src: LogText,
@@ -582,6 +584,7 @@ class MessageTable:
         alive = np.frombuffer(self.etype, np.uint8)
         owner = np.full(top + 1, -1, np.int32)
         extra: list[dict[str, list]] = []   # each segment's wide and odd ids, as [seq, value] pairs
+        packed_exts: list[tuple[int, np.ndarray, np.ndarray]] = []   # (segment, ext seqs, ends) of version 4
         try:
             for i, ((cols, dead), seqs) in enumerate(zip(segments, all_seqs)):
                 rows, sparse = segment_rows(cols, seqs)   # the mapping: copied only to be renumbered
@@ -600,7 +603,14 @@ class MessageTable:
                         raise ValueError(f"a row segment's {field} number is beyond its table")
                 if len(rows) and not rows["session"].all():
                     raise ValueError("a row segment's row names no session")
-                _check_codes(rows, etype, len(cols["tcid"]), seqs, cols, sparse)
+                if "ext_values" in cols:   # version 4: packed entries, exactly one a row that says it has one
+                    ext_seqs, ext_ends = checked_sections(cols)
+                    packed_exts.append((i, ext_seqs, ext_ends))
+                    if len(ext_seqs) != int(np.count_nonzero(rows["ext"] == _EXT_SPARSE)):
+                        raise ValueError("a row segment's ext entries are not its rows' with files")
+                else:
+                    ext_seqs = np.sort(_pair_seqs(cols["ext_files"]))
+                _check_codes(rows, etype, len(cols["tcid"]), seqs, ext_seqs, sparse)
                 renumber = {field: np.asarray(numbers, np.uint32) for field, numbers in maps.items()
                             if numbers != list(range(len(numbers)))}
                 if renumber or self.tcid_bytes or self.generation:
@@ -631,7 +641,7 @@ class MessageTable:
             del view, records, alive
         for i, (cols, _) in enumerate(segments):
             if any(pair[0] < 0 for name in ("summary", "relations", "source_ids", "ext_files")
-                   for pair in cols[name]) or any(pair[0] < 0 for pairs in extra[i].values() for pair in pairs):
+                   for pair in cols.get(name, ())) or any(pair[0] < 0 for pairs in extra[i].values() for pair in pairs):
                 raise ValueError("a row segment's sparse field names a negative seq")
             for seq, value in cols["summary"]:
                 if owner[seq] == i:
@@ -642,7 +652,7 @@ class MessageTable:
             for seq, value in cols["source_ids"]:
                 if owner[seq] == i:
                     self.source_ids[seq] = tuple(value)
-            for seq, value in cols["ext_files"]:
+            for seq, value in cols.get("ext_files", ()):   # version 3
                 if owner[seq] == i:
                     self.ext_files[seq] = shared_ext_from(value)
             for seq, value in extra[i]["odd_ids"]:
@@ -652,6 +662,9 @@ class MessageTable:
             for seq, (rev, importance) in extra[i]["wide"]:
                 if owner[seq] == i:
                     self.wide[seq] = (rev, importance)
+        # version 4: each segment's entries of the rows it still owns, kept packed
+        self.ext_files.load_packed([(seqs, ends, owner[seqs] == i, segments[i][0]["ext_values"])
+                                    for i, seqs, ends in packed_exts])
         self._merge_segment_keys(segments)
 
     def _merge_segment_keys(self, segments: list[tuple[dict[str, Any], list[int]]]) -> None:
@@ -705,8 +718,8 @@ class MessageTable:
 
     def memory_bytes(self) -> int:
         n = len(self.rows) + len(self.etype) + len(self.tcid_bytes) + self.keys.nbytes + self.key_seqs.nbytes
-        return n + sum(sys.getsizeof(d) for d in (self.recent, self.summary, self.relations, self.source_ids,
-                                                   self.ext_files, self.odd_id, self.odd_seq))
+        return n + self.ext_files.memory_bytes() + sum(sys.getsizeof(d) for d in (
+            self.recent, self.summary, self.relations, self.source_ids, self.odd_id, self.odd_seq))
 
 
 class BySeq(Mapping):
@@ -781,7 +794,7 @@ _TAIL_DTYPE = np.dtype({"names": ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]
                         "itemsize": _ROW_SIZE - _TAIL_AT})
 
 
-def _check_codes(rows: np.ndarray, etype: np.ndarray, tcid_size: int, seqs: np.ndarray, cols: dict[str, Any],
+def _check_codes(rows: np.ndarray, etype: np.ndarray, tcid_size: int, seqs: np.ndarray, ext_seqs: np.ndarray,
                  sparse: dict[str, list]) -> None:
     """A row segment's codes are ones ``get`` can read: an event type, role, tier and kind it knows, no
     source generation (a process's own), tool_call_ids inside the segment's bytes, and a sparse entry
@@ -801,9 +814,9 @@ def _check_codes(rows: np.ndarray, etype: np.ndarray, tcid_size: int, seqs: np.n
     if len(tcid) and int(((tcid >> np.uint64(_STR_LEN_BITS)) + (tcid & np.uint64(_STR_LEN_MASK))).max()) > tcid_size:
         raise ValueError("a row segment's tool_call_id runs past its bytes")
     # (by bisection in numpy: sets of every seq cost ~0.5 s at five million rows, np.isin 0.17 s)
-    for name, wanting, pairs in (("ext_files", tail["ext"] == _EXT_SPARSE, cols["ext_files"]),
-                                 ("wide", rows["importance"] == _IMP_WIDE, sparse["wide"])):
-        if not _all_in(seqs[wanting], np.sort(_pair_seqs(pairs))):
+    for name, wanting, have in (("ext_files", tail["ext"] == _EXT_SPARSE, ext_seqs),
+                                ("wide", rows["importance"] == _IMP_WIDE, np.sort(_pair_seqs(sparse["wide"])))):
+        if not _all_in(seqs[wanting], have):
             raise ValueError(f"a row segment's row has no entry in its {name}")
     if not _all_in(_pair_seqs(sparse["odd_ids"]), seqs):
         raise ValueError("a row segment's odd id is at a seq it does not hold")
@@ -864,10 +877,11 @@ def _rows_from_v2(old: np.ndarray, seqs: np.ndarray, odd_ids: list) -> tuple[np.
 
 
 def rows_from_columns(cols: dict[str, Any]) -> list[list[Any]]:
-    """A version 2 or 3 row segment's rows as version 1 held them (``Message.row``), for whatever reads
+    """A row segment's rows (version 2 or later) as version 1 held them (``Message.row``), for whatever reads
     rows one by one (``snapshot.read``, a start whose segments are not all of version 2)."""
     array, extra = segment_rows(cols, np.frombuffer(cols["seqs"], "<u8").astype(np.int64))
-    sparse = {name: dict(cols[name]) for name in ("summary", "relations", "source_ids", "ext_files")}
+    sparse = {name: dict(cols[name]) for name in ("summary", "relations", "source_ids")}
+    sparse["ext_files"] = raw_entries(cols)
     sparse.update({name: dict(pairs) for name, pairs in extra.items()})
     seqs = np.frombuffer(cols["seqs"], "<u8").tolist()
     etypes = bytes(cols["etype"])

@@ -8,6 +8,7 @@ for file_attention. ``IndexSizes`` estimates their memory for health without a w
 from __future__ import annotations
 
 import bisect
+import logging
 import sys
 import time
 from array import array
@@ -18,7 +19,10 @@ import numpy as np
 from protocol import limits as L
 from protocol.history import ASSISTANT_RESPONSE, TOOL_CALL, USER_INPUT, WEB_SEARCH_TOOLS
 
+from .extfiles import ExtDamaged
 from .model import Message
+
+LOG = logging.getLogger("convmem.storaged")
 
 KIND_INDEX = {kind: i for i, kind in enumerate(L.MEMORY_KINDS)}
 
@@ -223,7 +227,11 @@ class TouchIndex:
         at, n = self._at, len(seqs)
         while at < n:
             for seq in seqs[at:at + LOAD_STEP]:
-                ext = source.get(seq)
+                try:
+                    ext = source.get(seq)
+                except ExtDamaged as exc:   # (a packed entry written so: every read of it fails alike)
+                    LOG.error("the touch index leaves out an event: %s", exc)
+                    continue
                 if ext is None:   # deleted meanwhile, or its files gone
                     continue
                 for name in _base_names(ext[3]):

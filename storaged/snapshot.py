@@ -49,16 +49,19 @@ ROWS_MAGIC = b"CVMEMROW"
 # Row segments: 1 holds msgpack rows (Message.row); 2 holds the message table's packed rows as they
 # are in memory (storaged/columns.py), loaded by a few numpy copies instead of a Python call a row; 3
 # holds the narrower row of 85 bytes (the id as its 128-bit number, a 32-bit revision and record size,
-# an 8-bit importance; what does not fit in the sparse ``wide``). All are read; 3 is written. A
-# snapshot with a version 1 segment is loaded row by row, a version 2 one converted in numpy
-# (columns.segment_rows); either way the next snapshot writes a base of the current version
-# (Store.rows_legacy).
-ROWS_VERSION = 3
+# an 8-bit importance; what does not fit in the sparse ``wide``); 4 holds the exts with files as raw
+# sections of packed entries (storaged/extfiles.py) where 3 had them as lists in its head. All are read;
+# 4 is written. A snapshot with a version 1 segment is loaded row by row, a version 2 one converted in
+# numpy (columns.segment_rows), a version 3 one's exts taken from its head; either way the next snapshot
+# writes a base of the current version (Store.rows_legacy).
+ROWS_VERSION = 4
+ROWS_VERSION_3 = 3
 ROWS_VERSION_2 = 2
 ROWS_VERSION_1 = 1
-ROWS_VERSIONS = (ROWS_VERSION_1, ROWS_VERSION_2, ROWS_VERSION)
-# raw bytes after the head, in this order
-_COLUMN_SECTIONS = ("seqs", "rows", "etype", "tcid", "keys", "key_seqs")
+ROWS_VERSIONS = (ROWS_VERSION_1, ROWS_VERSION_2, ROWS_VERSION_3, ROWS_VERSION)
+# raw bytes after the head, in this order (version 2 and 3: the first six)
+_COLUMN_SECTIONS = ("seqs", "rows", "etype", "tcid", "keys", "key_seqs", "ext_seqs", "ext_ends", "ext_values")
+_SECTIONS_V3 = _COLUMN_SECTIONS[:6]
 OUTDATED_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
@@ -337,7 +340,7 @@ class Reader:
             pending = next(extra, None)
 
     def columnar(self) -> bool:
-        """Every row is in version 2 or 3 row segments: ``column_segments`` can load them without rows."""
+        """Every row is in row segments of version 2 or later: ``column_segments`` can load them without rows."""
         return self.row_segments is not None and all(segment.columns is not None for segment in self.segments)
 
     def rows_outdated(self) -> bool:
@@ -410,7 +413,7 @@ class _RowSegment:
                 # self's at once, so that close releases whatever views of the mapping were made
                 self.columns = dict(head)
                 self.columns["version"] = self._file.version   # the row's layout (columns.segment_rows)
-                for name in _COLUMN_SECTIONS:
+                for name in _COLUMN_SECTIONS if self._file.version >= ROWS_VERSION else _SECTIONS_V3:
                     n = head[f"{name}_bytes"]
                     self.columns[name] = self._file.view(at, n)
                     at += n

@@ -11,6 +11,7 @@ import pytest
 
 from storaged import snapshot
 from storaged.columns import ROW_DTYPE, MessageTable
+from storaged.extfiles import packed_sections, raw_entries
 from storaged.fileio import FileIO
 from storaged.store import Store
 from tests.support.faultio import write
@@ -45,8 +46,16 @@ def _with_rows(cols, **fields):
     return {**cols, "rows": rows.tobytes()}
 
 
+def _v3(cols):
+    """The columns as a version 3 segment holds them: the exts with files as [seq, ext] pairs."""
+    out = {k: v for k, v in cols.items() if not k.startswith("ext_")}
+    out["ext_files"] = sorted(raw_entries(cols).items())
+    return out
+
+
 def _damaged():
     cols = _segment()
+    entry = bytes(cols["ext_values"])
     etype = bytearray(cols["etype"])
     etype[0] = 200
     return {
@@ -54,7 +63,13 @@ def _damaged():
         "role code": (_with_rows(cols, codes=(0, 99)), []),
         "source generation": (_with_rows(cols, codes=(0, 5 << 24)), []),
         "tool_call_id past its bytes": (_with_rows(cols, tcid=(2, 1000 << 24 | 5)), []),
-        "ext with files, no entry": ({**cols, "ext_files": []}, []),
+        "ext with files, no entry": ({**cols, **packed_sections(np.zeros(0, np.int64), [])}, []),
+        "ext entry at a row without files": ({**cols, **packed_sections(np.array([1, 2]), [entry, entry])}, []),
+        "ext entries repeated": ({**cols, **packed_sections(np.array([2, 2]), [entry, entry])}, []),
+        "ext entry past its bytes": ({**cols, "ext_ends": np.array([len(entry) + 1], "<u8").tobytes()}, []),
+        "ext entry not ending its bytes": ({**cols, "ext_values": entry + b"\x90"}, []),
+        "ext entries and ends differ in number": ({**cols, "ext_seqs": np.array([1, 2], "<u8").tobytes()}, []),
+        "version 3 ext with files, no entry": ({**_v3(cols), "ext_files": []}, []),
         "odd id at a seq it does not hold": ({**cols, "odd_ids": [*cols["odd_ids"], [99, "x"]]}, []),
         "wide row, no entry": (_with_rows(cols, importance=(0, 255), rev=(0, 2 ** 32 - 1)), []),
         "wide entry not two integers": (_with_rows({**cols, "wide": [[1, [1, "x"]]]}, importance=(0, 255)), []),

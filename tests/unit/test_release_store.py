@@ -11,9 +11,10 @@ import os
 
 import pytest
 
+from protocol.history import FILE_FIELDS
 from storaged.store import Store
-from tests.support.release_store import (RELEASES, STORE, STORE_ROWS2, STORE_SNAP4, STORE_SNAP5, STORE_SNAP6, copy_store,
-                                         without_event)
+from tests.support.release_store import (RELEASES, STORE, STORE_ROWS2, STORE_ROWS3, STORE_SNAP4, STORE_SNAP5,
+                                         STORE_SNAP6, copy_store, without_event)
 
 pytestmark = pytest.mark.unit
 
@@ -176,12 +177,14 @@ def test_the_release_before_per_slot_segments_is_read_and_its_slots_carried_unti
     again.close()
 
 
-@pytest.mark.parametrize("store, version", [(STORE_SNAP6, 1), (STORE_ROWS2, 2)], ids=["rows v1", "rows v2"])
+@pytest.mark.parametrize("store, version", [(STORE_SNAP6, 1), (STORE_ROWS2, 2), (STORE_ROWS3, 3)],
+                         ids=["rows v1", "rows v2", "rows v3"])
 def test_row_segments_of_an_earlier_release_are_read_and_the_next_snapshot_writes_a_current_base(tmp_path, store,
                                                                                                   version):
-    """Two releases wrote earlier row segments: version 1 (msgpack rows, read a row at a time) and version
+    """Three releases wrote earlier row segments: version 1 (msgpack rows, read a row at a time), version
     2 (110-byte packed rows, converted in numpy: the id's characters to its number, the 64-bit revision,
-    importance and record size narrowed). The start reads them, and the next snapshot, even one that
+    importance and record size narrowed) and version 3 (the exts with files as lists in the head, taken
+    into the table as tuples, where version 4 keeps them packed). The start reads them, and the next snapshot, even one that
     would have been a small delta, writes a base of the current version, which the start after it loads
     as columns, with the same messages, sessions and searches."""
     from storaged import snapshot
@@ -213,6 +216,11 @@ def test_row_segments_of_an_earlier_release_are_read_and_the_next_snapshot_write
     assert again.snapshot_valid and not again.rows_legacy and len(again.row_segments) == 1
     assert {sid: (list(s.seqs), s.turn_seqs, s.min_ts, s.max_ts, s.kind_counts, s.tool_calls, s.summary_seqs)
             for sid, s in again.sessions.items()} == sessions
+    files = {m["message_id"]: [dict(zip(FILE_FIELDS, f)) for f in again.by_id[m["message_id"]].ext[3]]
+             for m in expected["messages"] if (m.get("event") or {}).get("files")}
+    assert files and files == {m["message_id"]: m["event"]["files"] for m in expected["messages"]
+                               if (m.get("event") or {}).get("files")}
+    assert sorted(again.table.ext_files) == sorted(again.by_id[mid].seq for mid in files)
     assert {w: [h.doc for h in again.search.search(w, 50)] for w in hits} == hits
     for m in expected["messages"]:
         assert again.by_id[m["message_id"]].to_dict() == without_event(m)
