@@ -20,6 +20,7 @@ from protocol import limits as L
 from protocol.history import ASSISTANT_RESPONSE, TOOL_CALL, USER_INPUT, WEB_SEARCH_TOOLS
 
 from .extfiles import ExtDamaged
+from .handles import session_digest
 from .model import Message
 
 LOG = logging.getLogger("convmem.storaged")
@@ -288,19 +289,211 @@ class IndexSizes:
     def get(self, version: object, sessions: dict[str, Session], relations: RelationIndex) -> tuple[int, int]:
         now = time.monotonic()
         if version != self.version and (len(sessions) <= HEALTH_EXACT_SESSIONS or now - self.at >= HEALTH_REFRESH_S):
-            history = sys.getsizeof(sessions) + sum(sys.getsizeof(k) + s.size_bytes() for k, s in sessions.items())
+            # (a start's sessions not made yet are not made for this: those made so far are scaled up)
+            made = dict.items(sessions)
+            history = sum(sys.getsizeof(k) + s.size_bytes() for k, s in made)
+            if len(made) < len(sessions):
+                history = history * len(sessions) // max(1, len(made))
+            history += sys.getsizeof(sessions)
             self.value = (history, relations.size_bytes())
             self.version, self.at = version, now
         return self.value
 
 
-def sessions_from_table(table) -> dict[str, Session]:
-    """Every session's ``Session``, built from a freshly loaded MessageTable (storaged/columns.py) at
-    once: the grouping, bounds and counts in numpy, one Python step a session, none a message."""
+class SessionMap(dict):
+    """sid -> ``Session``, where the sessions a start found are made when first asked for.
+
+    Making a ``Session`` of each of a store's sessions at start (a Python object, its seqs and turn
+    starts as arrays) was ~0.6 s of a five-million-event start (91k sessions). ``sessions_from_table``
+    computes every session's fields in numpy and leaves them here, *pending*: a lookup of one
+    (``[]``, ``get``, ``in``) makes that one, and the request loop makes the rest a slice at a time
+    while it is idle (``load_step``, as the touch index loads); whatever walks them all (iteration,
+    ``items``, ``values``) makes the rest first. A session put or deleted meanwhile is simply no
+    longer pending."""
+
+    __slots__ = ("_pending", "_make")
+
+    def __init__(self, pending: dict[str, int] | None = None, make: Callable[[str, int], Session] | None = None) -> None:
+        super().__init__()
+        self._pending = pending or None   # sid -> its group in make's arrays
+        self._make = make
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def __missing__(self, sid: str) -> Session:
+        pending = self._pending
+        if pending is None or sid not in pending:
+            raise KeyError(sid)
+        s = self._make(sid, pending.pop(sid))
+        dict.__setitem__(self, sid, s)
+        if not pending:
+            self._done()
+        return s
+
+    def _done(self) -> None:
+        self._pending = self._make = None
+
+    def load_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> bool:
+        """Make pending sessions until the monotonic clock passes ``deadline`` (None: all of them) or
+        ``interrupted()`` says a request waits (both asked every LOAD_STEP sessions). True while some remain."""
+        pending, make, put = self._pending, self._make, dict.__setitem__
+        while pending:
+            for _ in range(min(LOAD_STEP, len(pending))):
+                sid, g = pending.popitem()
+                put(self, sid, make(sid, g))
+            if deadline is not None and pending and (time.monotonic() > deadline
+                                                     or (interrupted is not None and interrupted())):
+                return True
+        if self._pending is not None:
+            self._done()
+        return False
+
+    def _all(self) -> None:
+        if self._pending is not None:
+            self.load_step(None)
+
+    def pending_sids(self) -> list[str]:
+        return list(self._pending) if self._pending is not None else []
+
+    def get(self, sid: str, default=None):
+        s = dict.get(self, sid)
+        if s is None and self._pending is not None and sid in self._pending:
+            return self[sid]
+        return default if s is None else s
+
+    def __contains__(self, sid: object) -> bool:
+        return dict.__contains__(self, sid) or (self._pending is not None and sid in self._pending)
+
+    def __len__(self) -> int:
+        return dict.__len__(self) + (len(self._pending) if self._pending is not None else 0)
+
+    def __setitem__(self, sid: str, session: Session) -> None:
+        if self._pending is not None:
+            self._pending.pop(sid, None)
+        dict.__setitem__(self, sid, session)
+
+    def __delitem__(self, sid: str) -> None:
+        if self._pending is not None and sid in self._pending:
+            del self._pending[sid]
+            if not self._pending:
+                self._done()
+            return
+        dict.__delitem__(self, sid)
+
+    # whatever walks them all, or copies, makes the rest first
+    def __iter__(self):
+        self._all()
+        return dict.__iter__(self)
+
+    def keys(self):
+        self._all()
+        return dict.keys(self)
+
+    def values(self):
+        self._all()
+        return dict.values(self)
+
+    def items(self):
+        self._all()
+        return dict.items(self)
+
+    def pop(self, sid: str, *default):
+        if sid in self:
+            s = self[sid]
+            dict.__delitem__(self, sid)
+            return s
+        if default:
+            return default[0]
+        raise KeyError(sid)
+
+    def setdefault(self, sid: str, default=None):
+        if sid not in self:
+            self[sid] = default
+        return self[sid]
+
+    def copy(self) -> dict[str, Session]:
+        self._all()
+        return dict(dict.items(self))
+
+    def __eq__(self, other: object) -> bool:
+        self._all()
+        if isinstance(other, SessionMap):
+            other._all()
+        return dict.__eq__(self, other)
+
+    __hash__ = None   # (as dict's)
+
+    def __repr__(self) -> str:
+        self._all()
+        return dict.__repr__(self)
+
+    def __reduce__(self):   # (copy, pickle: a plain dict of every session)
+        self._all()
+        return (dict, (dict(dict.items(self)),))
+
+    def popitem(self):
+        self._all()
+        return dict.popitem(self)
+
+    def clear(self) -> None:
+        self._done()
+        dict.clear(self)
+
+    def update(self, *args, **kw) -> None:
+        for sid, s in dict(*args, **kw).items():
+            self[sid] = s
+
+
+class SessionKeys(dict):
+    """``handles.session_digest(sid)`` -> sid, for the history interface's session ids; at start the
+    digests (a SHA-256 each: ~0.1 s at 91k sessions) are computed by the request loop's idle slices
+    (``later``, ``load_step``), and a lookup meanwhile computes the rest first."""
+
+    __slots__ = ("_pending", "_alive")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: list[str] | None = None
+        self._alive: Callable[[str], bool] | None = None
+
+    def later(self, sids: list[str], alive: Callable[[str], bool]) -> None:
+        """Add ``sids``' digests in ``load_step``s, each only if ``alive(sid)`` then (a session deleted
+        meanwhile has none)."""
+        self._pending, self._alive = (sids, alive) if sids else (None, None)
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def load_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> bool:
+        pending, alive = self._pending, self._alive
+        while pending:
+            for sid in pending[-LOAD_STEP:]:
+                if alive(sid):
+                    dict.__setitem__(self, session_digest(sid), sid)
+            del pending[-LOAD_STEP:]
+            if deadline is not None and pending and (time.monotonic() > deadline
+                                                     or (interrupted is not None and interrupted())):
+                return True
+        self._pending = self._alive = None
+        return False
+
+    def get(self, digest: bytes, default=None):
+        if self._pending is not None:
+            self.load_step(None)
+        return dict.get(self, digest, default)
+
+
+def sessions_from_table(table) -> SessionMap:
+    """Every session's ``Session``, from a freshly loaded MessageTable (storaged/columns.py): the
+    grouping, bounds and counts in numpy, none a message; each session made on first use or by the
+    request loop's idle slices (``SessionMap``)."""
     from .columns import ETYPE_CODE
     live = table.live_seqs()
     if not len(live):
-        return {}
+        return SessionMap()
     numbers = table.column("session", live)
     order = np.argsort(numbers, kind="stable")       # by session, then seq (live is ascending)
     seqs, numbers = live[order], numbers[order]
@@ -320,13 +513,17 @@ def sessions_from_table(table) -> dict[str, Session]:
     user = etype == ETYPE_CODE[USER_INPUT]
     turn_seqs = seqs[user]
     turn_at = (np.r_[0, np.cumsum(user, dtype=np.int64)][np.r_[starts, len(seqs)]] * 8).tolist()
-    # one Python step a session: its fields set on a bare instance, its seqs sliced out of one bytes
-    # object (91k sessions at five million events: ~6 µs each through __init__ and numpy slices)
-    sids = [table.sids[n - 1] for n in numbers[starts].tolist()]
+    group_sids = [table.sids[n - 1] for n in numbers[starts].tolist()]
     bounds = (np.r_[starts, len(seqs)] * 8).tolist()
     all_seqs, all_turns = seqs.astype("<i8", copy=False).tobytes(), turn_seqs.astype("<i8", copy=False).tobytes()
-    new, out = Session.__new__, {}
-    for g, sid in enumerate(sids):
+    summarised: dict[str, list[int]] = {}
+    for seq in sorted(table.summary):
+        summarised.setdefault(table.session_id(seq), []).append(seq)
+    new = Session.__new__
+
+    def make(sid: str, g: int) -> Session:
+        # its fields set on a bare instance, its seqs sliced out of one bytes object (~6 µs; through
+        # __init__ and numpy slices it was twice that)
         s = new(Session)
         s.sid = sid
         s.seqs = a = array("q")
@@ -334,11 +531,10 @@ def sessions_from_table(table) -> dict[str, Session]:
         s.turn_seqs = a = array("q")
         a.frombytes(all_turns[turn_at[g]:turn_at[g + 1]])
         s.kind_counts = kind_counts[g]
-        s.summary_seqs = []
+        s.summary_seqs = summarised.get(sid, [])
         s.min_ts, s.max_ts = min_ts[g], max_ts[g]
         s.tool_calls, s.web_calls = tool_calls[g], web_calls[g]
         s.epoch = 0
-        out[sid] = s
-    for seq in sorted(table.summary):
-        out[table.session_id(seq)].summary_seqs.append(seq)
-    return out
+        return s
+
+    return SessionMap(dict(zip(group_sids, range(len(group_sids)))), make)

@@ -339,7 +339,7 @@ class Server:
             # queue, poll without waiting: idle time goes to them
             store = self.store
             busy = self.imports or self.rebuild_reading or self.rebuild_outcome or (
-                store is not None and (store.unindexed or store.relocation or store.touches.pending))
+                store is not None and (store.unindexed or store.relocation or store.loading_later))
             events = dict(poller.poll(0 if busy else SPLIT_POLL_MS if self.split else POLL_MS))
             if self.wake_recv in events:
                 t0 = time.monotonic()
@@ -471,8 +471,11 @@ class Server:
         if self.store.unindexed:
             self.store.index_step(deadline, self._request_waiting)
             return
-        if self.store.touches.pending:   # a start's file touches (TouchIndex.load_later)
-            self.store.touches.load_step(deadline, self._request_waiting)
+        if self.store.loading_later:   # a start's sessions and file touches (Store.load_later_step)
+            self.store.load_later_step(deadline, self._request_waiting)
+            if not self.store.loading_later:
+                LOG.info("the start's sessions, history ids and file touches are loaded (%d sessions)",
+                         len(self.store.sessions))
             return
         index = self.store.search
         while index.idle_step() and time.monotonic() < deadline and not self._request_waiting():

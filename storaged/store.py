@@ -42,7 +42,7 @@ from .columns import ETYPE_CODE, MessageTable
 from .fileio import FileIO
 from .handles import session_digest
 from .idgen import IdClock, ulid_ms
-from .indexes import IndexSizes, RelationIndex, Session, TouchIndex, sessions_from_table
+from .indexes import IndexSizes, RelationIndex, Session, SessionKeys, SessionMap, TouchIndex, sessions_from_table
 from .ingeststate import IngestState
 from .model import Message, message_from_args
 from .packedmap import PackedMap, is_packed_map
@@ -151,7 +151,7 @@ class Store:
         self.table = MessageTable()
         self.by_id = self.table.by_id
         self.by_seq = self.table.by_seq
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, Session] = SessionMap()   # (a start's made on first use: SessionMap)
         # history interface: session metadata (harness, source, title, cwd, project...) by session id,
         # and the log bytes of the "s" records it was merged from; ingesters' checkpoints and heartbeats
         self.session_meta = PackedMap(SESSION_HOT_FIELDS)   # sid -> its metadata, packed
@@ -161,7 +161,7 @@ class Store:
         # bumped whenever a session appears, disappears or gets a new first/last event time (the
         # history views cache their orderings against it)
         self.sessions_version = 0
-        self.session_keys: dict[bytes, str] = {}  # handles.session_digest(sid) -> sid, for session: ids
+        self.session_keys = SessionKeys()  # handles.session_digest(sid) -> sid, for session: ids
         self.relations = RelationIndex()
         self.touches = TouchIndex()
         # The search index lags the state by the messages in ``unindexed`` (seqs, oldest first): a
@@ -648,15 +648,28 @@ class Store:
         rarer fields (relations, touched files) take a Python step each."""
         table = self.table
         table.load_segments(reader.column_segments(), self.log_text, self.last_seq)
-        self.sessions = sessions_from_table(table)
-        for sid in self.sessions:
-            self.session_keys[session_digest(sid)] = sid
+        self.sessions = sessions = sessions_from_table(table)   # each made on first use, or when idle
+        self.session_keys.later(sessions.pending_sids(), sessions.__contains__)
         for seq in sorted(table.relations):
             self.relations.add_edges(table.message_id(seq), table.relations[seq])
-        self.touches.load_later(table.ext_files)   # loaded by the request loop when idle (TouchIndex)
+        self.touches.load_later(table.ext_files)   # loaded by the request loop when idle too (TouchIndex)
         self.live_bytes += int(table.column("rec_size", table.live_seqs()).sum())
         self.session_order.invalidate()
         self.sessions_version += 1
+
+    @property
+    def loading_later(self) -> bool:
+        """What a start left to the request loop's idle slices is not all done (``load_later_step``)."""
+        return self.sessions.pending or self.session_keys.pending or self.touches.pending
+
+    def load_later_step(self, deadline: float | None, interrupted: Callable[[], bool] | None = None) -> None:
+        """Go on with what a start left to idle time — its sessions (``SessionMap``), their history ids'
+        digests (``SessionKeys``), the touch index (``TouchIndex.load_later``) — until ``deadline``
+        (the monotonic clock) or ``interrupted()``; each is also finished by its first use that needs it."""
+        for part in (self.sessions, self.session_keys, self.touches):
+            if part.pending:
+                part.load_step(deadline, interrupted)
+                return
 
     def etype_filter(self, types) -> Callable[[np.ndarray], np.ndarray]:
         """accept_docs for SearchIndex.search_own: which of an array of seqs are messages of one of
