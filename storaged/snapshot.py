@@ -416,6 +416,10 @@ class _RowSegment:
                 for name in _COLUMN_SECTIONS if self._file.version >= ROWS_VERSION else _SECTIONS_V3:
                     n = head[f"{name}_bytes"]
                     self.columns[name] = self._file.view(at, n)
+                    if name == "rows" and self._file.version >= ROWS_VERSION_3:
+                        # where the rows lie in the file, which it is: the table may map them (columns.py)
+                        st = os.stat(path)
+                        self.columns["rows_file"] = (path, HEAD.size + at, (st.st_dev, st.st_ino, st.st_size))
                     at += n
                 unpacker = self._file.unpacker(at)
             self.tail: dict[str, Any] = unpacker.unpack()

@@ -1,0 +1,147 @@
+"""A base row segment's rows are mapped copy-on-write as the message table's first rows (columns.py
+``MessageTable._map_base``), not copied: what the table answers is what a replay of the log builds,
+through updates and deletes of mapped rows, new rows past them, snapshots and compaction; the segment
+file never changes; a base that cannot be mapped as it lies (a gap in its seqs, a file that is not the
+one read) is copied as before."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from storaged.columns import ROW_DTYPE
+from storaged.store import Store
+from tests.support.faultio import delete, live_state, update, write
+
+pytestmark = pytest.mark.unit
+
+
+def _digests(d: str) -> dict[str, str]:
+    return {n: hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest()
+            for n in os.listdir(d) if n.startswith("rows.")}
+
+
+def _replayed(d: str, tmp_path) -> dict:
+    other = str(tmp_path / "replayed")
+    shutil.rmtree(other, ignore_errors=True)
+    shutil.copytree(d, other)
+    for name in os.listdir(other):
+        if name == "snapshot" or name.endswith(".seg"):
+            os.remove(os.path.join(other, name))
+    s = Store.open(other)
+    try:
+        return live_state(s)
+    finally:
+        s.close()
+
+
+def _store(tmp_path, n: int = 300, delete_one: bool = False) -> tuple[str, list[str]]:
+    d = str(tmp_path / "d")
+    s = Store.open(d)
+    ids = [write(s, f"s{i % 7}", f"message {i} about the mapped rows",
+                 **({"summary": f"sum {i}"} if i % 11 == 0 else {}))["message"]["message_id"] for i in range(n)]
+    if delete_one:
+        delete(s, ids[n // 2])
+    assert s.write_snapshot()
+    s.close()
+    return d, ids
+
+
+def test_a_base_is_mapped_and_reads_as_a_replay(tmp_path):
+    d, ids = _store(tmp_path)
+    s = Store.open(d)
+    try:
+        t = s.table
+        assert t.nbase == len(t.etype) and t._base_map is not None and len(t.rows) == 0
+        assert live_state(s) == _replayed(d, tmp_path)
+        seqs = t.live_seqs()
+        assert (t.column("ts", seqs) == np.array([t.timestamp(q) for q in seqs.tolist()])).all()
+    finally:
+        s.close()
+
+
+def test_changes_to_mapped_rows_stand_and_the_file_never_changes(tmp_path):
+    d, ids = _store(tmp_path)
+    before = _digests(d)
+    s = Store.open(d)
+    try:
+        nbase = s.table.nbase
+        update(s, ids[3], content="an update of a mapped row", importance=90)
+        update(s, ids[200], tags=["moved"])
+        delete(s, ids[10])
+        new = [write(s, "s-new", f"a row past the base {i}")["message"]["message_id"] for i in range(50)]
+        update(s, new[0], content="and an update past it")
+        assert s.table.nbase == nbase and len(s.table.rows) > 0
+        assert _digests(d) == before   # copy on write: the segment's bytes are untouched
+        # a gather across both parts
+        seqs = s.table.live_seqs()
+        assert seqs[0] < nbase <= seqs[-1]
+        rows = s.table._gather(seqs)
+        assert (rows["ts"] == np.array([s.table.timestamp(q) for q in seqs.tolist()])).all()
+        assert rows.dtype == ROW_DTYPE
+        got = live_state(s)
+        assert got[ids[3]]["content"] == "an update of a mapped row" and ids[10] not in got
+        assert s.write_snapshot()   # a delta of rows from both parts
+        s.close()
+        s = Store.open(d)
+        assert live_state(s) == got == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_a_compaction_rewrites_every_mapped_row(tmp_path):
+    from storaged import compaction
+
+    d, ids = _store(tmp_path)
+    before = _digests(d)
+    s = Store.open(d)
+    try:
+        assert s.table.nbase
+        for mid in ids[::3]:
+            update(s, mid, content="rewritten " * 5)
+        expected = live_state(s)
+        assert compaction.rebuild(s)["status"] == "OK"
+        assert s.table.nbase and s.relocation
+        while s.relocate_step(4096):   # every message moved to the new log: each mapped row written
+            pass
+        assert live_state(s) == expected
+        assert all(os.path.exists(os.path.join(d, n)) is False or _digests(d)[n] == h for n, h in before.items())
+        s.close()
+        s = Store.open(d)
+        assert live_state(s) == expected == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_a_base_with_a_gap_is_copied(tmp_path):
+    d, ids = _store(tmp_path, delete_one=True)
+    s = Store.open(d)
+    try:
+        assert s.table.nbase == 0 and s.table._base_map is None
+        assert live_state(s) == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_a_file_that_is_not_the_one_read_is_not_mapped(tmp_path):
+    d, _ = _store(tmp_path)
+    s = Store.open(d)
+    try:
+        path, offset, identity = next(iter(_rows_files(d)))
+        t = s.table
+        assert not t._map_base((path, offset, (identity[0], identity[1] + 1, identity[2])), 0, 1)
+        assert not t._map_base((path, offset, identity), 10 ** 9, 10 ** 9 + 1)   # rows before the file's start
+        assert not t._map_base(None, 0, 1)
+    finally:
+        s.close()
+
+
+def _rows_files(d: str):
+    from storaged import snapshot
+    from storaged.fileio import FileIO
+    with snapshot.Reader(FileIO(), os.path.join(d, "snapshot")) as r:
+        for seg in r.segments:
+            yield seg.columns["rows_file"]
