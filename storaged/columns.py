@@ -652,7 +652,7 @@ class MessageTable:
                 if i == 0:
                     # a base whose rows are the table's as they lie in the file is mapped, not copied
                     if gapless and rows.base is not None and not (renumber or self.generation) \
-                            and self._map_base(cols.get("rows_file"), int(seqs[0]), int(seqs[-1]) + 1):
+                            and self._map_base(cols.get("file"), int(seqs[0]), int(seqs[-1]) + 1):
                         base = np.frombuffer(self.base, _RECORD)
                     else:
                         self.nbase = 0
@@ -701,14 +701,15 @@ class MessageTable:
                                     for i, seqs, ends in packed_exts])
         self._merge_segment_keys(segments)
 
-    def _map_base(self, where: tuple[str, int, tuple] | None, first: int, end: int) -> bool:
+    def _map_base(self, where: tuple[str, tuple, dict[str, int]] | None, first: int, end: int) -> bool:
         """Map the rows of seqs ``first`` to ``end`` (a base's, gapless, in the file ``where`` says) as
         the table's first ``end`` rows: the bytes before the first lie before it in the file, rows of
         dead seqs that nothing reads (the etype byte says so). False if it cannot be mapped (a
         segment read from memory, a file replaced since it was read): the rows are copied then."""
         if where is None:
             return False
-        path, offset, identity = where
+        path, identity, offsets = where
+        offset = offsets["rows"]
         if offset < first * _ROW_SIZE:
             return False
         try:
@@ -726,11 +727,10 @@ class MessageTable:
         keys = np.zeros(0, np.uint64)
         key_seqs = np.zeros(0, np.int64)
         for cols, _ in segments:
-            k = np.frombuffer(cols["keys"], "<u8").astype(np.uint64)
-            q = np.frombuffer(cols["key_seqs"], "<u8").astype(np.int64)
+            k, q = _mapped(cols, "keys", np.uint64), _mapped(cols, "key_seqs", np.int64)
             if len(k) != len(q) or (len(k) > 1 and not (k[1:] >= k[:-1]).all()):
                 raise ValueError("a row segment's id keys are not sorted, or not one a seq")
-            if len(q) and int(q.max()) >= len(self.etype):
+            if len(q) and (int(q.max()) >= len(self.etype) or int(q.min()) < 0):
                 raise ValueError("a row segment's id key names a seq beyond its rows")
             if len(keys):
                 at = np.searchsorted(keys, k)
@@ -862,6 +862,22 @@ _TAIL_DTYPE = np.dtype({"names": ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]
                         "offsets": [ROW_DTYPE.fields[n][1] - _TAIL_AT
                                     for n in ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]],
                         "itemsize": _ROW_SIZE - _TAIL_AT})
+
+
+def _mapped(cols: dict[str, Any], name: str, dtype: type) -> np.ndarray:
+    """A segment's section of 64-bit integers as an array: read-only over a mapping of its file where
+    it can be (the id keys of a base: 80 MB at five million events, never written in place — a merge
+    makes new arrays), else a copy."""
+    where = cols.get("file")
+    n = len(cols[name])
+    if where is not None and n and sys.byteorder == "little" and where[2][name] % 8 == 0:
+        path, identity, offsets = where
+        try:
+            mm, at = map_private(path, offsets[name], n, identity, writable=False)
+            return np.frombuffer(mm, dtype, n // 8, at)
+        except (OSError, ValueError):
+            pass
+    return np.frombuffer(cols[name], "<u8").astype(dtype)
 
 
 def _place(base: np.ndarray | None, tail: np.ndarray, nbase: int, at: slice | np.ndarray, records: np.ndarray) -> None:

@@ -265,18 +265,21 @@ def release_now(fd: int) -> None:
             pass
 
 
-def map_private(path: str, offset: int, length: int, identity: tuple[int, int, int]) -> tuple[mmap.mmap, int]:
+def map_private(path: str, offset: int, length: int, identity: tuple[int, int, int],
+                writable: bool = True) -> tuple[mmap.mmap, int]:
     """A copy-on-write mapping of ``length`` bytes of the file at ``path`` from ``offset``, and where
     they begin in it (the mapping starts at the page below ``offset``): its pages are the page cache's
     until written, a written one becomes the process's own and the file never changes. ``identity``
-    is the file's (st_dev, st_ino, st_size) when it was read and checked: OSError if it is not that file."""
+    is the file's (st_dev, st_ino, st_size) when it was read and checked: OSError if it is not that file.
+    ``writable`` False: a read-only mapping (a write faults)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino, st.st_size) != identity or offset < 0 or offset + length > st.st_size:
             raise OSError(errno.ESTALE, f"{path} is not the file that was checked")
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        return mmap.mmap(fd, offset - start + length, offset=start, access=mmap.ACCESS_COPY), offset - start
+        access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
+        return mmap.mmap(fd, offset - start + length, offset=start, access=access), offset - start
     finally:
         os.close(fd)
 

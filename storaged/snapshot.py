@@ -62,6 +62,7 @@ ROWS_VERSIONS = (ROWS_VERSION_1, ROWS_VERSION_2, ROWS_VERSION_3, ROWS_VERSION)
 # raw bytes after the head, in this order (version 2 and 3: the first six)
 _COLUMN_SECTIONS = ("seqs", "rows", "etype", "tcid", "keys", "key_seqs", "ext_seqs", "ext_ends", "ext_values")
 _SECTIONS_V3 = _COLUMN_SECTIONS[:6]
+SECTION_ALIGN = 8   # version 4: each section begins at a file offset that is a multiple of this
 OUTDATED_VERSIONS = (2, 3)
 HEAD = struct.Struct("<8sHH")
 TRAILER = struct.Struct("<QI8s")
@@ -163,9 +164,10 @@ def write_row_columns(io: FileIO, path: str, columns: dict[str, Any], dead: Iter
     gave, then the tail (as ``write_rows``'; its ``seqs`` is nil: they are a column). Returns the
     number of rows.
 
-    Body: ``head seqs rows etype tcid keys key_seqs tail`` — ``head`` a msgpack map of every column
-    that is not raw bytes plus each raw section's length (``<name>_bytes``); the six sections raw, back
-    to back, so a reader maps them in place; ``tail`` as in version 1."""
+    Body: ``head seqs rows etype tcid keys key_seqs ext_seqs ext_ends ext_values tail`` — ``head`` a
+    msgpack map of every column that is not raw bytes plus each raw section's length (``<name>_bytes``);
+    the sections raw, each at a file offset that is a multiple of 8 (zero bytes pad the gaps), so a reader
+    maps them in place and the 64-bit ones are aligned arrays; ``tail`` as in version 1."""
     packer = msgpack.Packer(use_bin_type=True)
     count = len(columns["seqs"]) // 8
     # the tail's values as msgpack bytes (version 3): a start keeps them packed (storaged/packedmap.py)
@@ -176,11 +178,17 @@ def write_row_columns(io: FileIO, path: str, columns: dict[str, Any], dead: Iter
     head.update({f"{name}_bytes": len(columns[name]) for name in _COLUMN_SECTIONS})
 
     def parts() -> Iterator[bytes | memoryview]:
-        yield packer.pack(head)
+        packed = packer.pack(head)
+        yield packed
+        pos = HEAD.size + len(packed)
         for name in _COLUMN_SECTIONS:
+            if pos % SECTION_ALIGN:
+                yield bytes(SECTION_ALIGN - pos % SECTION_ALIGN)
+                pos += SECTION_ALIGN - pos % SECTION_ALIGN
             view = memoryview(columns[name]).cast("B")
             for at in range(0, len(view), WRITE_AT):
                 yield view[at:at + WRITE_AT]
+            pos += len(view)
         yield packer.pack({"rows": count, "dead": list(dead), "seqs": None,
                            "session_meta": list(session_meta), "checkpoints": list(checkpoints)})
 
@@ -413,14 +421,18 @@ class _RowSegment:
                 # self's at once, so that close releases whatever views of the mapping were made
                 self.columns = dict(head)
                 self.columns["version"] = self._file.version   # the row's layout (columns.segment_rows)
-                for name in _COLUMN_SECTIONS if self._file.version >= ROWS_VERSION else _SECTIONS_V3:
+                offsets, aligned = {}, self._file.version >= ROWS_VERSION
+                for name in _COLUMN_SECTIONS if aligned else _SECTIONS_V3:
                     n = head[f"{name}_bytes"]
+                    if aligned:
+                        at += -(HEAD.size + at) % SECTION_ALIGN
                     self.columns[name] = self._file.view(at, n)
-                    if name == "rows" and self._file.version >= ROWS_VERSION_3:
-                        # where the rows lie in the file, which it is: the table may map them (columns.py)
-                        st = os.stat(path)
-                        self.columns["rows_file"] = (path, HEAD.size + at, (st.st_dev, st.st_ino, st.st_size))
+                    offsets[name] = HEAD.size + at
                     at += n
+                if self._file.version >= ROWS_VERSION_3:
+                    # which file this is and where its sections lie: the table may map some (columns.py)
+                    st = os.stat(path)
+                    self.columns["file"] = (path, (st.st_dev, st.st_ino, st.st_size), offsets)
                 unpacker = self._file.unpacker(at)
             self.tail: dict[str, Any] = unpacker.unpack()
             if not isinstance(self.tail.get("rows"), int) or not isinstance(self.tail.get("dead"), list):

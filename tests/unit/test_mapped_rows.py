@@ -56,6 +56,7 @@ def test_a_base_is_mapped_and_reads_as_a_replay(tmp_path):
     try:
         t = s.table
         assert t.nbase == len(t.etype) and t._base_map is not None and len(t.rows) == 0
+        assert not t.keys.flags.writeable and not t.key_seqs.flags.writeable   # the id keys mapped too
         assert live_state(s) == _replayed(d, tmp_path)
         seqs = t.live_seqs()
         assert (t.column("ts", seqs) == np.array([t.timestamp(q) for q in seqs.tolist()])).all()
@@ -130,10 +131,10 @@ def test_a_file_that_is_not_the_one_read_is_not_mapped(tmp_path):
     d, _ = _store(tmp_path)
     s = Store.open(d)
     try:
-        path, offset, identity = next(iter(_rows_files(d)))
+        path, identity, offsets = next(iter(_rows_files(d)))
         t = s.table
-        assert not t._map_base((path, offset, (identity[0], identity[1] + 1, identity[2])), 0, 1)
-        assert not t._map_base((path, offset, identity), 10 ** 9, 10 ** 9 + 1)   # rows before the file's start
+        assert not t._map_base((path, (identity[0], identity[1] + 1, identity[2]), offsets), 0, 1)
+        assert not t._map_base((path, identity, offsets), 10 ** 9, 10 ** 9 + 1)   # rows before the file's start
         assert not t._map_base(None, 0, 1)
     finally:
         s.close()
@@ -144,4 +145,4 @@ def _rows_files(d: str):
     from storaged.fileio import FileIO
     with snapshot.Reader(FileIO(), os.path.join(d, "snapshot")) as r:
         for seg in r.segments:
-            yield seg.columns["rows_file"]
+            yield seg.columns["file"]
