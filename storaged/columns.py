@@ -24,11 +24,14 @@ file as the table holds them (the base's seqs without a gap, nothing to renumber
 rows are a copy-on-write mapping of the file (``base``), the rest a bytearray (``rows``). The mapped
 pages are the page cache's — shared, clean, given back under pressure — until a row in them is written
 (an update, a compaction's relocation), which makes that page the process's own; the file never changes.
-At five million events that is 430 MB off the daemon's own memory and the copy off its start.
+At five million events that is 430 MB off the daemon's own memory and the copy off its start. Once a
+later snapshot writes a new base, the mapped file is unlinked but not cut (``mapped_names``; cutting
+it would fault the next read of a row in it): its blocks stay on the disk until the daemon stops.
 """
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 import sys
 from collections.abc import Iterator, Mapping
@@ -196,7 +199,7 @@ class MessageTable:
     reads them all (a field-per-array layout cost fifteen lookups a message), and ``ROW_DTYPE``
     views the same bytes as numpy columns for whatever is asked of every row at once."""
 
-    __slots__ = ("rows", "base", "nbase", "_base_map", "etype", "tcid_bytes", "summary", "relations", "source_ids", "ext_files", "wide", "odd_id",
+    __slots__ = ("rows", "base", "nbase", "_base_map", "mapped", "etype", "tcid_bytes", "summary", "relations", "source_ids", "ext_files", "wide", "odd_id",
                  "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
                  "keys", "key_seqs", "_keys_view", "_seqs_view", "recent", "by_seq", "by_id")
 
@@ -214,6 +217,7 @@ class MessageTable:
         self.base = memoryview(b"")
         self.nbase = 0
         self._base_map = None
+        self.mapped: set[str] = set()   # the names of the files it maps (a base's rows, id keys): never cut
         self.etype = bytearray()          # ETYPE_CODE (0: no live message), read in bulk by etype_filter
         self.tcid_bytes = bytearray()
         self.summary: dict[int, str] = {}
@@ -717,6 +721,7 @@ class MessageTable:
         except (OSError, ValueError):
             return False
         self._base_map = mm
+        self.mapped.add(os.path.basename(path))
         self.base = memoryview(mm)[at:at + end * _ROW_SIZE]
         self.nbase = end
         return True
@@ -727,7 +732,7 @@ class MessageTable:
         keys = np.zeros(0, np.uint64)
         key_seqs = np.zeros(0, np.int64)
         for cols, _ in segments:
-            k, q = _mapped(cols, "keys", np.uint64), _mapped(cols, "key_seqs", np.int64)
+            k, q = _mapped(cols, "keys", np.uint64, self.mapped), _mapped(cols, "key_seqs", np.int64, self.mapped)
             if len(k) != len(q) or (len(k) > 1 and not (k[1:] >= k[:-1]).all()):
                 raise ValueError("a row segment's id keys are not sorted, or not one a seq")
             if len(q) and (int(q.max()) >= len(self.etype) or int(q.min()) < 0):
@@ -755,6 +760,11 @@ class MessageTable:
             return 0
         ext = shared_ext_from([raw[0], raw[1], raw[2], []])
         return self.exts.code(ext, ext_key(ext))
+
+    def mapped_names(self) -> frozenset[str]:
+        """The names of the files this table maps, whose blocks must not be cut while it lives
+        (Store.collect_segments: they are only unlinked)."""
+        return frozenset(self.mapped)
 
     def column(self, name: str, seqs: np.ndarray) -> np.ndarray:
         """One field (a ROW_DTYPE name) of ``seqs``' rows, as a new array."""
@@ -864,7 +874,7 @@ _TAIL_DTYPE = np.dtype({"names": ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]
                         "itemsize": _ROW_SIZE - _TAIL_AT})
 
 
-def _mapped(cols: dict[str, Any], name: str, dtype: type) -> np.ndarray:
+def _mapped(cols: dict[str, Any], name: str, dtype: type, paths: set[str]) -> np.ndarray:
     """A segment's section of 64-bit integers as an array: read-only over a mapping of its file where
     it can be (the id keys of a base: 80 MB at five million events, never written in place — a merge
     makes new arrays), else a copy."""
@@ -874,6 +884,7 @@ def _mapped(cols: dict[str, Any], name: str, dtype: type) -> np.ndarray:
         path, identity, offsets = where
         try:
             mm, at = map_private(path, offsets[name], n, identity, writable=False)
+            paths.add(os.path.basename(path))
             return np.frombuffer(mm, dtype, n // 8, at)
         except (OSError, ValueError):
             pass

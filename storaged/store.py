@@ -70,14 +70,14 @@ IMPORT_SLICE_MESSAGES = 64
 IMPORT_SLICE_BYTES = 1 << 20
 
 
-def _remove_all(io: FileIO, paths: list[str], release: bool = False) -> None:
+def _remove_all(io: FileIO, paths: list[str], release: bool = False, mapped: frozenset[str] = frozenset()) -> None:
     """Remove segment files no longer named (``release``: their blocks freed a cut at a time by a
-    thread, FileIO.release); one that cannot be removed stays an orphan, which the next collection
-    (or start) tries again."""
-    remove = io.release if release else io.remove
+    thread, FileIO.release — but for those ``mapped``: a mapping of a cut file faults when read, so
+    they are only unlinked, their blocks freed when the mapping goes); one that cannot be removed stays
+    an orphan, which the next collection (or start) tries again."""
     for path in paths:
         try:
-            remove(path)
+            (io.release if release and os.path.basename(path) not in mapped else io.remove)(path)
         except OSError as exc:
             LOG.warning("could not remove the unused index segment %s (%s)", path, exc.strerror or exc)
 
@@ -1282,7 +1282,7 @@ class Store:
         except OSError:
             return
         doomed = [os.path.join(self.dir, name) for name in names if is_segment_name(name) and name not in keep]
-        _remove_all(self.io, doomed, release=not wait)
+        _remove_all(self.io, doomed, release=not wait, mapped=self.table.mapped_names())
 
     def write_snapshot(self, base_later: bool = False) -> bool:
         """Save the state for a fast next start (at a clean stop). Skipped when nothing changed.

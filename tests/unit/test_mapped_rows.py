@@ -146,3 +146,45 @@ def _rows_files(d: str):
     with snapshot.Reader(FileIO(), os.path.join(d, "snapshot")) as r:
         for seg in r.segments:
             yield seg.columns["file"]
+
+
+def test_a_mapped_base_no_longer_named_is_unlinked_not_cut(tmp_path):
+    """A background snapshot's install frees a dropped segment's blocks a cut at a time (FileIO.release);
+    a file the table maps would then fault when a row of it is read: it is only unlinked."""
+    from storaged.fileio import FileIO
+
+    class Spy(FileIO):
+        def __init__(self):
+            super().__init__()
+            self.released, self.removed = [], []
+
+        def release(self, path):
+            self.released.append(os.path.basename(path))
+            super().release(path)
+
+        def remove(self, path):
+            self.removed.append(os.path.basename(path))
+            super().remove(path)
+
+    d, ids = _store(tmp_path)
+    io = Spy()
+    s = Store.open(d, io)
+    try:
+        old = set(s.table.mapped_names())
+        assert old and old <= set(_digests(d))
+        write(s, "s-new", "one more")
+        s.rows_legacy = True   # the next snapshot writes a new base, and the old one is named no more
+        tmp = s.snapshot_path + ".tmp"
+        plan = s.plan_snapshot()
+        s.install_snapshot(None, _written(s, tmp, plan), plan, background=True)
+        assert old <= set(io.removed) and not old & set(io.released)
+        assert not old & set(os.listdir(d))
+        assert live_state(s) == _replayed(d, tmp_path)   # every mapped row still reads
+    finally:
+        s.close()
+
+
+def _written(s, tmp: str, plan) -> int:
+    pos = s.write_snapshot_file(tmp, plan)
+    os.replace(tmp, s.snapshot_path)   # as a background child's writer puts it in place
+    return pos
