@@ -778,11 +778,20 @@ class MessageTable:
         tail = np.frombuffer(self.rows, dtype)
         if name is not None:
             tail = tail[name]
-        if not nbase:
-            return tail[seqs]
         base = np.frombuffer(self.base, dtype)
         if name is not None:
             base = base[name]
+        if len(seqs) > 1 and seqs[-1] - seqs[0] + 1 == len(seqs) and (seqs[1:] > seqs[:-1]).all():
+            # a run of seqs (every live one of a store that deleted nothing): copied as slices, a third
+            # of a gather's time over millions of rows
+            a, b = int(seqs[0]), int(seqs[-1]) + 1
+            if b <= nbase:
+                return base[a:b].copy()
+            if a >= nbase:
+                return tail[a - nbase:b - nbase].copy()
+            return np.concatenate([base[a:], tail[:b - nbase]])
+        if not nbase:
+            return tail[seqs]
         low = seqs < nbase
         if low.all():
             return base[seqs]

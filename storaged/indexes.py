@@ -498,21 +498,22 @@ def sessions_from_table(table) -> SessionMap:
     order = np.argsort(numbers, kind="stable")       # by session, then seq (live is ascending)
     seqs, numbers = live[order], numbers[order]
     starts = np.flatnonzero(np.r_[True, numbers[1:] != numbers[:-1]])
-    # per session: sums over each run of rows (reduceat at the runs' starts), no per-row group number
-    ts = table.column("ts", seqs)
+    # per session: sums over each run of rows (reduceat at the runs' starts), no per-row group number;
+    # each field read in seq order (a run of rows is copied as a slice) and then put in session order
+    ts = table.column("ts", live)[order]
     min_ts, max_ts = np.minimum.reduceat(ts, starts).tolist(), np.maximum.reduceat(ts, starts).tolist()
-    kind = ((table.column("codes", seqs) >> 16) & 0xFF).astype(np.uint8)
+    kind = ((table.column("codes", live) >> 16) & 0xFF).astype(np.uint8)[order]
     kind_counts = np.stack([np.add.reduceat(kind == k, starts, dtype=np.int64)
                             for k in range(len(L.MEMORY_KINDS))], axis=1).tolist()
     etype = np.frombuffer(table.etype, np.uint8)[seqs]   # a copy; the view goes with this line
     calls = etype == ETYPE_CODE[TOOL_CALL]
     tool_calls = np.add.reduceat(calls, starts, dtype=np.int64).tolist()
     web_numbers = [n for t, n in table.tools.number.items() if t in WEB_SEARCH_TOOLS]
-    web = calls & np.isin(table.column("tool", seqs), web_numbers)
+    web = calls & np.isin(table.column("tool", live)[order], web_numbers)
     web_calls = np.add.reduceat(web, starts, dtype=np.int64).tolist()
     user = etype == ETYPE_CODE[USER_INPUT]
     turn_seqs = seqs[user]
-    turn_at = (np.r_[0, np.cumsum(user, dtype=np.int64)][np.r_[starts, len(seqs)]] * 8).tolist()
+    turn_at = (np.r_[0, np.cumsum(np.add.reduceat(user, starts, dtype=np.int64))] * 8).tolist()
     group_sids = [table.sids[n - 1] for n in numbers[starts].tolist()]
     bounds = (np.r_[starts, len(seqs)] * 8).tolist()
     all_seqs, all_turns = seqs.astype("<i8", copy=False).tobytes(), turn_seqs.astype("<i8", copy=False).tobytes()

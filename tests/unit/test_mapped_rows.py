@@ -83,6 +83,9 @@ def test_changes_to_mapped_rows_stand_and_the_file_never_changes(tmp_path):
         rows = s.table._gather(seqs)
         assert (rows["ts"] == np.array([s.table.timestamp(q) for q in seqs.tolist()])).all()
         assert rows.dtype == ROW_DTYPE
+        for run in (np.arange(nbase - 5, nbase + 5), np.arange(2, 9), np.arange(nbase + 1, nbase + 20)):
+            assert (s.table.column("ts", run) == np.array([s.table.timestamp(q) for q in run.tolist()])).all()
+            assert (s.table._gather(run) == np.concatenate([s.table._gather(run[:1]), s.table._gather(run[1:])])).all()
         got = live_state(s)
         assert got[ids[3]]["content"] == "an update of a mapped row" and ids[10] not in got
         assert s.write_snapshot()   # a delta of rows from both parts
