@@ -48,7 +48,7 @@ def _wait_for(d: Daemon, text: str, timeout_s: float = 60.0) -> str:
     return log
 
 
-def test_a_rotten_segment_is_found_after_the_start_and_the_index_built_again(tmp_path):
+def test_a_rotten_segment_is_found_after_the_start_and_the_index_built_again(tmp_path, monkeypatch):
     d = Daemon(tmp_path / "data")
     with d:
         d.start()
@@ -58,7 +58,11 @@ def test_a_rotten_segment_is_found_after_the_start_and_the_index_built_again(tmp
         d.terminate(signal.SIGTERM)   # the clean stop's snapshot names the index's segments
         name = _rot(tmp_path / "data")
 
+        # the new index's catch-up child waits a little, so that health is asked while it is built
+        # (5,000 messages are indexed again in about a second on a quiet machine)
+        monkeypatch.setenv("CONVMEM_FAULT_SPLIT_DELAY_S", "3")
         d.start()
+        monkeypatch.delenv("CONVMEM_FAULT_SPLIT_DELAY_S")
         log = _wait_for(d, "the search index was damaged")
         assert name in log and "fails its checksum" in log
         with d.client(timeout_ms=60_000) as c:
