@@ -8,6 +8,7 @@ for file_attention. ``IndexSizes`` estimates their memory for health without a w
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import sys
 import time
@@ -230,7 +231,7 @@ class TouchIndex:
             for seq in seqs[at:at + LOAD_STEP]:
                 try:
                     ext = source.get(seq)
-                except ExtDamaged as exc:   # (a packed entry written so: every read of it fails alike)
+                except (ExtDamaged, OSError) as exc:   # (its record in the log damaged as well)
                     LOG.error("the touch index leaves out an event: %s", exc)
                     continue
                 if ext is None:   # deleted meanwhile, or its files gone
@@ -274,6 +275,7 @@ class TouchIndex:
 # version and, for stores over HEALTH_EXACT_SESSIONS sessions, recomputed at most once a HEALTH_REFRESH_S.
 HEALTH_EXACT_SESSIONS = 1000
 HEALTH_REFRESH_S = 1.0
+HEALTH_SAMPLE = 256   # sessions a health call makes while a start's are still pending (IndexSizes)
 
 
 class IndexSizes:
@@ -289,12 +291,14 @@ class IndexSizes:
     def get(self, version: object, sessions: dict[str, Session], relations: RelationIndex) -> tuple[int, int]:
         now = time.monotonic()
         if version != self.version and (len(sessions) <= HEALTH_EXACT_SESSIONS or now - self.at >= HEALTH_REFRESH_S):
-            # (a start's sessions not made yet are not made for this: those made so far are scaled up)
-            made = dict.items(sessions)
-            history = sum(sys.getsizeof(k) + s.size_bytes() for k, s in made)
-            if len(made) < len(sessions):
-                history = history * len(sessions) // max(1, len(made))
-            history += sys.getsizeof(sessions)
+            # (a start's sessions are not all made for this: a sample of them is, scaled up, and the
+            # figure is not kept while some are still to be made)
+            if getattr(sessions, "pending", False):
+                sessions.make_some(HEALTH_SAMPLE)
+                sample = list(itertools.islice(dict.items(sessions), HEALTH_SAMPLE))
+                history = sum(sys.getsizeof(k) + s.size_bytes() for k, s in sample) * len(sessions) // len(sample)
+                return (history + sys.getsizeof(sessions), relations.size_bytes())
+            history = sys.getsizeof(sessions) + sum(sys.getsizeof(k) + s.size_bytes() for k, s in sessions.items())
             self.value = (history, relations.size_bytes())
             self.version, self.at = version, now
         return self.value
@@ -353,6 +357,12 @@ class SessionMap(dict):
     def _all(self) -> None:
         if self._pending is not None:
             self.load_step(None)
+
+    def make_some(self, n: int) -> None:
+        """Make up to ``n`` pending sessions (a sample for an estimate)."""
+        if self._pending is not None:
+            for sid in list(itertools.islice(self._pending, n)):
+                self[sid]
 
     def pending_sids(self) -> list[str]:
         return list(self._pending) if self._pending is not None else []
@@ -432,6 +442,25 @@ class SessionMap(dict):
     def __reduce__(self):   # (copy, pickle: a plain dict of every session)
         self._all()
         return (dict, (dict(dict.items(self)),))
+
+    def __reversed__(self):
+        self._all()
+        return dict.__reversed__(self)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __or__(self, other):
+        self._all()
+        return dict(dict.items(self)) | other
+
+    def __ror__(self, other):
+        self._all()
+        return other | dict(dict.items(self))
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
 
     def popitem(self):
         self._all()

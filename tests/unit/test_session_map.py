@@ -114,13 +114,23 @@ def test_a_history_id_lookup_finishes_the_digests_first(tmp_path):
         store.close()
 
 
-def test_health_during_the_load_makes_no_session(tmp_path):
+def test_health_during_the_load_makes_a_sample_and_estimates_from_it(tmp_path):
+    from storaged.indexes import HEALTH_SAMPLE
+
     d, _ = _stored(tmp_path)
+    exact_store = Store.open(d)
+    exact_store.sessions.load_step(None)
+    exact = exact_store.health()["memory_estimate"]["history_index_bytes"]
+    exact_store.close()
     store = Store.open(d)
     try:
         store.sessions["s1"]
         health = store.health()
-        assert health["session_count"] == SESSIONS and dict.__len__(store.sessions) == 1
+        assert health["session_count"] == SESSIONS and dict.__len__(store.sessions) <= HEALTH_SAMPLE + 1
+        got = health["memory_estimate"]["history_index_bytes"]
+        assert 0.5 * exact < got < 2 * exact, (got, exact)
+        store.sessions.load_step(None)   # once all are made, the figure is the exact one (not the estimate kept)
+        assert store.health()["memory_estimate"]["history_index_bytes"] == exact
     finally:
         store.close()
 
@@ -141,6 +151,12 @@ def test_the_map_s_other_methods():
     m["d"] = Session("d")
     assert m.setdefault("d", None).sid == "d" and sorted(m) == ["c", "d"] and made == ["a", "c"]
     assert m == {"c": m["c"], "d": m["d"]} and m.copy() == dict(m)
+    other = SessionMap({"x": 5, "y": 6}, make)
+    assert list(reversed(other)) == ["y", "x"] or list(reversed(other)) == ["x", "y"]
+    assert not other.pending and (other != {}) and (SessionMap({"z": 1}, make) | {}).keys() == {"z"}
+    merged = SessionMap({"p": 1}, make)
+    merged |= {"q": Session("q")}
+    assert sorted(merged) == ["p", "q"] and not merged.pending
     assert m.pop("zz", 5) == 5
     keys = SessionKeys()
     keys.later(["x", "y"], lambda sid: sid == "x")
