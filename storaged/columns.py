@@ -31,6 +31,7 @@ it would fault the next read of a row in it): its blocks stay on the disk until 
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import struct
 import sys
@@ -47,7 +48,9 @@ from protocol.validation import ULID_RE
 from .extfiles import ExtFiles, checked_sections, raw_entries
 from .model import Message, ext_key, shared_ext_from, shared_tags
 from .fileio import map_private
-from .text import TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, location_from_parts, location_parts
+from .records import EXT, UPDATE, WRITE
+from .text import (TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, TextDamaged, location_from_parts,
+                   location_parts)
 
 # codes of the enum-like fields; 0 is "none" (an etype code of 0 is a dead seq: Store.etype_filter)
 ETYPE_CODE = {t: i + 1 for i, t in enumerate(EVENT_TYPES)}
@@ -223,7 +226,7 @@ class MessageTable:
         self.summary: dict[int, str] = {}
         self.relations: dict[int, tuple] = {}
         self.source_ids: dict[int, tuple] = {}
-        self.ext_files = ExtFiles()       # seq -> ext with files (packed as the segments hold them)
+        self.ext_files = ExtFiles(self._ext_from_log)   # seq -> ext with files (packed as segments hold them)
         self.wide: dict[int, tuple[int, int]] = {}   # seq -> (revision, importance) the row cannot hold
         self.odd_id: dict[int, str] = {}  # seq -> an id that is not a canonical ULID
         self.odd_seq: dict[str, int] = {}
@@ -690,7 +693,7 @@ class MessageTable:
             for seq, value in cols["source_ids"]:
                 if owner[seq] == i:
                     self.source_ids[seq] = tuple(value)
-            for seq, value in cols.get("ext_files", ()):   # version 3
+            for seq, value in cols.get("ext_files", ()) if "ext_values" not in cols else ():   # version 3
                 if owner[seq] == i:
                     self.ext_files[seq] = shared_ext_from(value)
             for seq, value in extra[i]["odd_ids"]:
@@ -731,8 +734,9 @@ class MessageTable:
         linear insert), the keys of seqs no longer live then dropped."""
         keys = np.zeros(0, np.uint64)
         key_seqs = np.zeros(0, np.int64)
+        kept = None   # the segment whose (mapped) arrays are the keys as they are
         for cols, _ in segments:
-            k, q = _mapped(cols, "keys", np.uint64, self.mapped), _mapped(cols, "key_seqs", np.int64, self.mapped)
+            k, q = _mapped(cols, "keys", np.uint64), _mapped(cols, "key_seqs", np.int64)
             if len(k) != len(q) or (len(k) > 1 and not (k[1:] >= k[:-1]).all()):
                 raise ValueError("a row segment's id keys are not sorted, or not one a seq")
             if len(q) and (int(q.max()) >= len(self.etype) or int(q.min()) < 0):
@@ -740,11 +744,16 @@ class MessageTable:
             if len(keys):
                 at = np.searchsorted(keys, k)
                 keys, key_seqs = np.insert(keys, at, k), np.insert(key_seqs, at, q)
-            else:
-                keys, key_seqs = k, q
+                kept = None
+            elif len(k):
+                keys, key_seqs, kept = k, q, cols
         live = np.frombuffer(self.etype, np.uint8)[key_seqs] != 0
         if not live.all():
-            keys, key_seqs = keys[live], key_seqs[live]
+            keys, key_seqs, kept = keys[live], key_seqs[live], None
+        if kept is not None and not keys.flags.writeable:
+            # a segment's mapped arrays themselves (a merge or a filter makes new ones): its file must
+            # not be cut while they live
+            self.mapped.add(os.path.basename(kept["file"][0]))
         self.recent.clear()
         self._set_keys(keys, key_seqs)
 
@@ -760,6 +769,19 @@ class MessageTable:
             return 0
         ext = shared_ext_from([raw[0], raw[1], raw[2], []])
         return self.exts.code(ext, ext_key(ext))
+
+    def _ext_from_log(self, seq: int) -> tuple:
+        """The ext with files of the message at ``seq`` as its record in the log holds it (for a packed
+        entry that does not unpack: extfiles.py); TextDamaged if the record does not hold one."""
+        row = self.row(seq)
+        rec_pos, low, rec_size, codes = row[6], row[7], row[8], row[13]
+        record = self.sources[codes >> 24].read_record(rec_pos << _SHIFT | low, rec_size)
+        fields = record[-1]
+        ext = shared_ext_from(fields[EXT]) if record[0] in (WRITE, UPDATE) and len(fields) > EXT else None
+        if ext is None or not ext[3]:
+            raise TextDamaged(errno.EIO, f"the log record at byte {rec_pos} does not hold the files of message "
+                                         f"seq {seq}")
+        return ext
 
     def mapped_names(self) -> frozenset[str]:
         """The names of the files this table maps, whose blocks must not be cut while it lives
@@ -781,7 +803,8 @@ class MessageTable:
         base = np.frombuffer(self.base, dtype)
         if name is not None:
             base = base[name]
-        if len(seqs) > 1 and seqs[-1] - seqs[0] + 1 == len(seqs) and (seqs[1:] > seqs[:-1]).all():
+        if (len(seqs) > 1 and seqs[-1] - seqs[0] + 1 == len(seqs) and 0 <= seqs[0] and seqs[-1] < len(self.etype)
+                and (seqs[1:] > seqs[:-1]).all()):
             # a run of seqs (every live one of a store that deleted nothing): copied as slices, a third
             # of a gather's time over millions of rows
             a, b = int(seqs[0]), int(seqs[-1]) + 1
@@ -806,7 +829,9 @@ class MessageTable:
         return np.flatnonzero(np.frombuffer(self.etype, np.uint8)).astype(np.int64)
 
     def memory_bytes(self) -> int:
-        n = len(self.base) + len(self.rows) + len(self.etype) + len(self.tcid_bytes) + self.keys.nbytes + self.key_seqs.nbytes
+        # (the mapped base and id keys are the page cache's, not counted)
+        keys = self.keys.nbytes + self.key_seqs.nbytes if self.keys.flags.writeable else 0
+        n = len(self.rows) + len(self.etype) + len(self.tcid_bytes) + keys
         return n + self.ext_files.memory_bytes() + sum(sys.getsizeof(d) for d in (
             self.recent, self.summary, self.relations, self.source_ids, self.odd_id, self.odd_seq))
 
@@ -883,17 +908,16 @@ _TAIL_DTYPE = np.dtype({"names": ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]
                         "itemsize": _ROW_SIZE - _TAIL_AT})
 
 
-def _mapped(cols: dict[str, Any], name: str, dtype: type, paths: set[str]) -> np.ndarray:
+def _mapped(cols: dict[str, Any], name: str, dtype: type) -> np.ndarray:
     """A segment's section of 64-bit integers as an array: read-only over a mapping of its file where
     it can be (the id keys of a base: 80 MB at five million events, never written in place — a merge
     makes new arrays), else a copy."""
     where = cols.get("file")
     n = len(cols[name])
-    if where is not None and n and sys.byteorder == "little" and where[2][name] % 8 == 0:
+    if where is not None and n and not n % 8 and sys.byteorder == "little" and where[2][name] % 8 == 0:
         path, identity, offsets = where
         try:
             mm, at = map_private(path, offsets[name], n, identity, writable=False)
-            paths.add(os.path.basename(path))
             return np.frombuffer(mm, dtype, n // 8, at)
         except (OSError, ValueError):
             pass
@@ -908,7 +932,7 @@ def _place(base: np.ndarray | None, tail: np.ndarray, nbase: int, at: slice | np
     if isinstance(at, slice):
         cut = min(max(at.start, nbase), at.stop) - at.start   # how many of them lie in the base
         base[at.start:at.start + cut] = records[:cut]
-        tail[max(at.start, nbase) - nbase:at.stop - nbase] = records[cut:]
+        tail[max(at.start, nbase) - nbase:max(at.stop, nbase) - nbase] = records[cut:]
         return
     low = at < nbase
     base[at[low]] = records[low]

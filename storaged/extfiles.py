@@ -14,18 +14,26 @@ The packed entries are checked at start as a whole (their seqs ascending, their 
 bytes); each one's shape is checked when it is unpacked — the first read of it, or the touch index's
 load in the loop's idle slices right after a start (``TouchIndex.load_step``), which reads them all.
 A segment's CRC has passed before any is read, so an entry that does not unpack can only have been
-written so; it raises ``ExtDamaged`` (the request fails with an internal error and the daemon logs it).
+written so (a writer's bug): the message table then reads the ext again from the message's record in
+the log (which a start would replay, and which holds it as written), keeps it, and logs a warning; the
+next snapshot writes it as it should be. Only the log's record failing its own checksum as well fails
+the read (``TextDamaged``, as for a text).
 """
 from __future__ import annotations
 
+import logging
+import operator
 import sys
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 import msgpack
 import numpy as np
 
 from .model import shared_ext_from
+
+
+LOG = logging.getLogger("convmem.storaged")
 
 
 class ExtDamaged(ValueError):
@@ -96,10 +104,11 @@ class ExtFiles(MutableMapping):
     packed and sorted by seq, and a dict of those stored since. A packed entry replaced or dropped
     is only marked gone (its bytes stay until the next start)."""
 
-    __slots__ = ("fresh", "_seqs", "_starts", "_ends", "_blob", "_alive", "_count")
+    __slots__ = ("fresh", "_seqs", "_starts", "_ends", "_blob", "_alive", "_count", "_repair")
 
-    def __init__(self) -> None:
+    def __init__(self, repair: Callable[[int], tuple] | None = None) -> None:
         self.fresh: dict[int, tuple] = {}
+        self._repair = repair   # seq -> its ext read again from the log, for an entry that does not unpack
         self._seqs = np.zeros(0, np.int64)
         self._starts = self._ends = self._seqs
         self._blob = b""
@@ -153,7 +162,16 @@ class ExtFiles(MutableMapping):
         i = self._find(seq) if self._count else -1
         if i < 0:
             raise KeyError(seq)
-        return unpack_entry(memoryview(self._blob)[int(self._starts[i]):int(self._ends[i])], seq)
+        try:
+            return unpack_entry(memoryview(self._blob)[int(self._starts[i]):int(self._ends[i])], seq)
+        except ExtDamaged as exc:
+            if self._repair is None:
+                raise
+            # the log holds what the snapshot's entry should: read from there, kept, logged once
+            ext = self._repair(seq)
+            LOG.warning("%s; its ext was read again from the log", exc)
+            self[seq] = ext
+            return ext
 
     def __setitem__(self, seq: int, ext: tuple) -> None:
         if self._count:
@@ -178,7 +196,12 @@ class ExtFiles(MutableMapping):
         return True
 
     def __contains__(self, seq: object) -> bool:
-        return seq in self.fresh or (self._count > 0 and isinstance(seq, int) and self._find(seq) >= 0)
+        if seq in self.fresh:
+            return True
+        try:
+            return self._count > 0 and self._find(operator.index(seq)) >= 0
+        except TypeError:
+            return False
 
     def __len__(self) -> int:
         return len(self.fresh) + self._count

@@ -824,13 +824,15 @@ class Store:
         n = 0
         while queue:
             seq = queue.popleft()
-            msg = by_seq.get(seq)
-            if msg is None or seq in index:
+            if seq in index:
                 continue
             try:
+                msg = by_seq.get(seq)
+                if msg is None:
+                    continue
                 text = msg.content
-            except OSError as exc:
-                LOG.error("message %s left out of the search index: %s", msg.message_id, exc)
+            except OSError as exc:   # (a record that fails its checksum: the store is marked damaged)
+                LOG.error("message seq %d left out of the search index: %s", seq, exc)
                 continue
             index.add(seq, text, msg.summary, msg.tags)
             n += 1

@@ -157,3 +157,60 @@ def test_the_mapping_s_methods_agree():
     with pytest.raises(KeyError):
         del ext[4]
     assert dict(ext.items()) == {8: _ext("/b/8.py")}
+
+
+def test_numpy_seqs_are_found():
+    ext = ExtFiles()
+    sections = packed_sections(np.array([3]), [pack_entry(_ext("/a/3.py"))])
+    ext.load_packed([(np.array([3]), np.frombuffer(sections["ext_ends"], "<u8").astype(np.int64), np.ones(1, bool),
+                      sections["ext_values"])])
+    assert np.int64(3) in ext and 3 in ext and np.int64(4) not in ext and "3" not in ext and 3.5 not in ext
+
+
+def test_an_entry_written_wrong_is_read_again_from_the_log(tmp_path, caplog, monkeypatch):
+    """A packed entry that does not unpack (a writer's bug: the segment's CRC holds) is read again from
+    the message's record in the log: reads, updates, deletes, indexing and a rebuild all go on, and
+    the next snapshot writes it as it should be."""
+    from storaged import compaction
+    from storaged.store import Store
+    from tests.support.faultio import delete, live_state, update
+    from tests.unit.test_history_views import Book, touch
+
+    d = str(tmp_path / "d")
+    store = Store.open(d)
+    book = Book(store)
+    events = [touch(book, "claude-code:s", f"/repo/src/m{i}.py", "/repo", f"src/m{i}.py") for i in range(6)]
+    book.put(events, [{"session_id": "claude-code:s", "harness": "claude-code", "source": "claude"}])
+    expected = live_state(store)
+    real = ExtFiles.sections
+
+    def wrong(self, seqs=None):   # the snapshot's writer packs every entry but the first right
+        out = real(self, seqs)
+        ends = np.frombuffer(out["ext_ends"], "<u8")
+        first = int(ends[0])
+        return {**out, "ext_values": b"\xc1" * first + out["ext_values"][first:]}
+
+    monkeypatch.setattr(ExtFiles, "sections", wrong)
+    assert store.write_snapshot()
+    store.close()
+    monkeypatch.setattr(ExtFiles, "sections", real)
+    store = Store.open(d)
+    try:
+        first = min(store.table.ext_files._seqs.tolist())
+        with caplog.at_level(logging.WARNING, logger="convmem.storaged"):
+            assert live_state(store) == expected
+        assert f"seq {first}" in caplog.text and "read again from the log" in caplog.text
+        assert first in store.table.ext_files.fresh
+        mid = store.table.message_id(first)
+        update(store, mid, content="changed")
+        assert compaction.rebuild(store)["status"] == "OK"
+        delete(store, store.table.message_id(first + 1))
+        assert store.write_snapshot()
+        store.close()
+        caplog.clear()
+        store = Store.open(d)
+        with caplog.at_level(logging.WARNING, logger="convmem.storaged"):
+            state = live_state(store)
+        assert "read again" not in caplog.text and state[mid]["content"] == "changed"
+    finally:
+        store.close()

@@ -191,3 +191,27 @@ def _written(s, tmp: str, plan) -> int:
     pos = s.write_snapshot_file(tmp, plan)
     os.replace(tmp, s.snapshot_path)   # as a background child's writer puts it in place
     return pos
+
+
+def test_a_delta_of_mapped_rows_alone_loads(tmp_path):
+    """A delta whose rows are all below the mapped base, as one run (an update of one old message after
+    a delta of new ones): placed in the base only (a slice past the tail's start was mistaken for one
+    from its end, the load refused, and the start replayed the whole log)."""
+    d, ids = _store(tmp_path)
+    s = Store.open(d)
+    for i in range(50):
+        write(s, "s-new", f"past the base {i}")
+    assert s.write_snapshot()
+    s.close()
+    s = Store.open(d)
+    try:
+        assert s.table.nbase and len(s.table.rows)
+        update(s, ids[-3], content="one old row changed")   # near the base's end: the old slice was not empty
+        assert s.write_snapshot()   # a delta of that row alone
+        expected = live_state(s)
+        s.close()
+        s = Store.open(d)
+        assert s.snapshot_valid and s.table.nbase and s.scan_result.records == 0
+        assert live_state(s) == expected == _replayed(d, tmp_path)
+    finally:
+        s.close()
