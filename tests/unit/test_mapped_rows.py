@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from storaged.columns import ROW_DTYPE
 from storaged.store import Store
 from tests.support.faultio import delete, live_state, update, write
+from tests.support.replayed import replay_copy
 
 pytestmark = pytest.mark.unit
 
@@ -25,13 +25,7 @@ def _digests(d: str) -> dict[str, str]:
 
 
 def _replayed(d: str, tmp_path) -> dict:
-    other = str(tmp_path / "replayed")
-    shutil.rmtree(other, ignore_errors=True)
-    shutil.copytree(d, other)
-    for name in os.listdir(other):
-        if name == "snapshot" or name.endswith(".seg"):
-            os.remove(os.path.join(other, name))
-    s = Store.open(other)
+    s = Store.open(replay_copy(d, str(tmp_path / "replayed")))
     try:
         return live_state(s)
     finally:

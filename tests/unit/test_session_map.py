@@ -13,6 +13,7 @@ from storaged import handles
 from storaged.indexes import LOAD_STEP, Session, SessionKeys, SessionMap
 from storaged.store import Store
 from tests.support.faultio import delete, write
+from tests.support.replayed import replay_copy
 
 pytestmark = pytest.mark.unit
 
@@ -40,13 +41,7 @@ def _stored(tmp_path) -> tuple[str, dict[str, list[str]]]:
 
 def _replayed(d: str, tmp_path) -> dict[str, tuple]:
     """The sessions a replay of the log builds (the snapshot set aside)."""
-    import shutil
-    other = str(tmp_path / "replayed")
-    shutil.copytree(d, other)
-    import os
-    for name in os.listdir(other):
-        if name == "snapshot" or name.endswith(".seg"):
-            os.remove(os.path.join(other, name))
+    other = replay_copy(d, str(tmp_path / "replayed"))
     store = Store.open(other)
     try:
         assert store.scan_result.records and not store.sessions.pending   # replayed, not loaded
