@@ -180,14 +180,23 @@ class Bench:
             self.daemon = None
 
     def settled(self, query: str) -> Daemon:
-        """The running daemon once it serves ``query``: its search index has caught up with whatever
-        its start replayed or its imports queued (searches are BUSY until then), so that a clean stop
-        right after leaves a snapshot with nothing left to index."""
+        """The running daemon once it serves ``query`` — its search index has caught up with whatever
+        its start replayed or its imports queued (searches are BUSY until then) — and its background
+        snapshot, if one is running, is installed: a clean stop right after leaves a snapshot with
+        nothing left to index, and the next start does not begin by writing a base beside the timed
+        start (a stop ends a running snapshot and writes a delta; runs of the start phase one after
+        another otherwise piled deltas up, each start then due a base it never finished)."""
         d = self.running()
         with self.client() as c:
             rep = c.call("search_messages", {"query": query, "limit": LIMIT}, busy_retry=True)
             if not ok(rep):
                 raise RuntimeError(f"search_messages failed: {rep}")
+        deadline = time.monotonic() + LONG_MS / 1000
+        while time.monotonic() < deadline:
+            log = d.stderr()
+            if log.rfind("background snapshot started") <= max(log.rfind(end) for end in _SNAPSHOT_ENDS):
+                break
+            time.sleep(0.1)
         return d
 
     def mem(self) -> dict[str, float]:
@@ -363,6 +372,11 @@ _hits: dict[str, Callable[[Any], bool]] = {
     "search_messages": lambda r: bool(r.get("results")),
     "search_sessions": lambda r: bool(r.get("data", {}).get("results")),
 }
+
+
+# what the daemon logs when a background snapshot it started is over (storaged/server.py)
+_SNAPSHOT_ENDS = ("background snapshot installed", "could not install the background snapshot",
+                  "background snapshot child failed")
 
 
 def _installed(log: str) -> bool:
