@@ -191,6 +191,7 @@ assert ROW_DTYPE.itemsize == _ROW_SIZE
 _RECORD = np.dtype((np.void, _ROW_SIZE))
 # single fields read in place, for the lookups a search makes of every candidate (cheaper than a row)
 _SESSION_AT, _TS_AT = ROW_DTYPE.fields["session"][1], ROW_DTYPE.fields["ts"][1]
+_IMPORTANCE_AT = ROW_DTYPE.fields["importance"][1]
 _U32, _I64 = struct.Struct("<I"), struct.Struct("<q")
 
 
@@ -411,6 +412,13 @@ class MessageTable:
     def timestamp(self, seq: int) -> int:
         buf, off = self._at(seq)
         return _I64.unpack_from(buf, off + _TS_AT)[0]
+
+    def importance(self, seq: int) -> int:
+        """The importance of the live message at ``seq``, read in place (a search's tiebreak asks it of
+        every doc of its pool: building each Message for it was ~1.7 ms of a 5M query's ~9)."""
+        buf, off = self._at(seq)
+        importance = buf[off + _IMPORTANCE_AT]
+        return self.wide[seq][1] if importance == _IMP_WIDE else importance
 
     def etype_of(self, seq: int) -> str | None:
         """The event type of the message at ``seq`` (None: no live message there)."""

@@ -343,7 +343,8 @@ def search_messages(store: Store, a: R.SearchMessages) -> dict[str, Any]:
             return False
         return not tags or all(t in m.tags for t in tags)
 
-    hits = ranked_search(store.search, a.query, a.limit, accept, lambda d: (by_seq[d].importance, d),
+    importance = store.table.importance
+    hits = ranked_search(store.search, a.query, a.limit, accept, lambda d: (importance(d), d),
                          neighbours=session_neighbours(store), text_of=lambda d: _search_text(by_seq[d]))
     results: list[dict[str, Any]] = []
     used = 0

@@ -299,6 +299,7 @@ def test_a_revision_or_importance_the_narrow_row_cannot_hold_is_kept_whole(varia
     t = _table_of(msgs)
     assert [_state(t.get(m.seq)) for m in msgs] == [_state(m) for m in msgs]
     assert list(t.wide) == [2]
+    assert [t.importance(m.seq) for m in msgs] == [m.importance for m in msgs]   # read in place too
     cols = t.segment_columns(t.live_seqs())
     loaded = MessageTable()
     loaded.load_segments([(cols, [])], SRC)

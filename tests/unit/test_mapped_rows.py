@@ -54,6 +54,7 @@ def test_a_base_is_mapped_and_reads_as_a_replay(tmp_path):
         assert live_state(s) == _replayed(d, tmp_path)
         seqs = t.live_seqs()
         assert (t.column("ts", seqs) == np.array([t.timestamp(q) for q in seqs.tolist()])).all()
+        assert [t.importance(q) for q in seqs.tolist()] == [t.get(q).importance for q in seqs.tolist()]
     finally:
         s.close()
 
