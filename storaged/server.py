@@ -109,6 +109,11 @@ IMPORTS_MAX = 8
 # a retry after a restart finds its messages stored and is answered "existing" for them
 IMPORT_RESULTS_KEPT = 256
 BUSY_INDEX_SLICE_S = 0.005  # indexing done after each batch and import slice, so the queue drains under load too
+# ... and what a start left for idle time (its sessions, file touches), when the loop has had no idle
+# moment for it in LATER_STARVED_S (a synchronous client leaves one between its requests: a step there
+# costs a request that arrives meanwhile ~0.3 ms, where a slice after every batch cost each ~1 ms)
+BUSY_LOAD_SLICE_S = 0.005
+LATER_STARVED_S = 0.25
 # messages moved to a compacted log per idle step / after each batch or import slice (Store.relocate_step;
 # ~1.5 µs each)
 RELOCATE_STEP = 8192
@@ -224,6 +229,7 @@ class Server:
         self._gc_started = 0.0
         self.rebuild_waiting = False  # a rebuild_index asked for while imports were in progress (rebuild_id)
         self._freeze_due = False  # a full collection ran: freeze its survivors (_on_collection)
+        self._later_at = time.monotonic()   # the last step of what a start left for idle time (_load_later)
         self.load_outcome: tuple[str, Any] | None = None
         self.load_error: BaseException | None = None
         self.on_loaded: Callable[[Store], None] | None = None
@@ -414,6 +420,16 @@ class Server:
             self.store.relocate_step(RELOCATE_STEP_BUSY)
             if self.store.unindexed:
                 self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
+            elif self.store.loading_later and time.monotonic() - self._later_at > LATER_STARVED_S:
+                # a load that never leaves the loop idle would hold the start's leftovers off for good
+                self._load_later(time.monotonic() + BUSY_LOAD_SLICE_S, None)
+
+    def _load_later(self, deadline: float, interrupted: Callable[[], bool] | None) -> None:
+        self._later_at = time.monotonic()
+        self.store.load_later_step(deadline, interrupted)
+        if not self.store.loading_later:
+            LOG.info("the start's sessions, history ids and file touches are loaded (%d sessions)",
+                     len(self.store.sessions))
 
     @staticmethod
     def _note_slow(t0: float, what: Callable[[], str]) -> None:
@@ -472,10 +488,7 @@ class Server:
             self.store.index_step(deadline, self._request_waiting)
             return
         if self.store.loading_later:   # a start's sessions and file touches (Store.load_later_step)
-            self.store.load_later_step(deadline, self._request_waiting)
-            if not self.store.loading_later:
-                LOG.info("the start's sessions, history ids and file touches are loaded (%d sessions)",
-                         len(self.store.sessions))
+            self._load_later(deadline, self._request_waiting)
             return
         index = self.store.search
         while index.idle_step() and time.monotonic() < deadline and not self._request_waiting():
