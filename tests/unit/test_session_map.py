@@ -157,3 +157,40 @@ def test_the_map_s_other_methods():
     keys.later(["x", "y"], lambda sid: sid == "x")
     assert keys.pending and keys.get(handles.session_digest("y")) is None and not keys.pending
     assert keys.get(handles.session_digest("x")) == "x"
+
+
+def test_a_loop_never_idle_still_makes_them(tmp_path, monkeypatch):
+    """The request loop makes what a start left in its idle moments; one that has none (a load that
+    never lets it idle) makes it in a slice after a batch once LATER_STARVED_S passed without an idle
+    step — and never in the slice right after an idle step."""
+    from storaged import server as server_mod
+    from storaged.server import Server
+
+    d, _ = _stored(tmp_path)
+    store = Store.open(d)
+    store.index_step(None)   # (the index's queue comes first after a batch)
+    server = Server(store, "inproc://convmem-later-starved")
+    try:
+        clock = [1000.0]
+
+        def tick() -> float:   # each look at the clock is 3 ms later (a slice of 5 ms: a few steps)
+            clock[0] += 0.003
+            return clock[0]
+
+        monkeypatch.setattr(server_mod.time, "monotonic", tick)
+        server._later_at = clock[0]
+        server._busy_work()                          # an idle step just ran: nothing made after a batch
+        assert dict.__len__(store.sessions) == 0
+        clock[0] += server_mod.LATER_STARVED_S + 0.01
+        server._busy_work()                          # starved: one slice, a few steps
+        made = dict.__len__(store.sessions)
+        assert 0 < made < SESSIONS
+        server._busy_work()                          # and not again until starved again
+        assert dict.__len__(store.sessions) == made
+        while store.loading_later:
+            clock[0] += server_mod.LATER_STARVED_S + 0.01
+            server._busy_work()
+        assert len(store.sessions) == SESSIONS and not store.session_keys.pending
+    finally:
+        server.close()
+        store.close()
