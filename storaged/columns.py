@@ -203,7 +203,7 @@ class MessageTable:
     reads them all (a field-per-array layout cost fifteen lookups a message), and ``ROW_DTYPE``
     views the same bytes as numpy columns for whatever is asked of every row at once."""
 
-    __slots__ = ("rows", "base", "nbase", "_base_map", "mapped", "etype", "tcid_bytes", "summary", "relations", "source_ids", "ext_files", "wide", "odd_id",
+    __slots__ = ("rows", "base", "nbase", "_base_map", "mapped", "_keys_file", "etype", "tcid_bytes", "summary", "relations", "source_ids", "ext_files", "wide", "odd_id",
                  "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
                  "keys", "key_seqs", "_keys_view", "_seqs_view", "recent", "by_seq", "by_id")
 
@@ -221,7 +221,8 @@ class MessageTable:
         self.base = memoryview(b"")
         self.nbase = 0
         self._base_map = None
-        self.mapped: set[str] = set()   # the names of the files it maps (a base's rows, id keys): never cut
+        self.mapped: set[str] = set()   # the names of the files whose rows it maps: never cut under it
+        self._keys_file: str | None = None   # ... and of the one its id keys are mapped from, while they are
         self.etype = bytearray()          # ETYPE_CODE (0: no live message), read in bulk by etype_filter
         self.tcid_bytes = bytearray()
         self.summary: dict[int, str] = {}
@@ -760,8 +761,8 @@ class MessageTable:
             keys, key_seqs, kept = keys[live], key_seqs[live], None
         if kept is not None and not keys.flags.writeable:
             # a segment's mapped arrays themselves (a merge or a filter makes new ones): its file must
-            # not be cut while they live
-            self.mapped.add(os.path.basename(kept["file"][0]))
+            # not be cut while they live (mapped_names)
+            self._keys_file = os.path.basename(kept["file"][0])
         self.recent.clear()
         self._set_keys(keys, key_seqs)
 
@@ -787,6 +788,9 @@ class MessageTable:
         fields = record[-1]
         ext = shared_ext_from(fields[EXT]) if record[0] in (WRITE, UPDATE) and len(fields) > EXT else None
         if ext is None or not ext[3]:
+            src = self.sources[codes >> 24]
+            if src.on_damage is not None:   # the store is marked damaged, as for a record that fails its check
+                src.on_damage(rec_pos, rec_size)
             raise TextDamaged(errno.EIO, f"the log record at byte {rec_pos} does not hold the files of message "
                                          f"seq {seq}")
         return ext
@@ -794,7 +798,8 @@ class MessageTable:
     def mapped_names(self) -> frozenset[str]:
         """The names of the files this table maps, whose blocks must not be cut while it lives
         (Store.collect_segments: they are only unlinked)."""
-        return frozenset(self.mapped)
+        keys = {self._keys_file} if self._keys_file is not None and not self.keys.flags.writeable else set()
+        return frozenset(self.mapped | keys)
 
     def column(self, name: str, seqs: np.ndarray) -> np.ndarray:
         """One field (a ROW_DTYPE name) of ``seqs``' rows, as a new array."""

@@ -15,9 +15,9 @@ bytes); each one's shape is checked when it is unpacked — the first read of it
 load in the loop's idle slices right after a start (``TouchIndex.load_step``), which reads them all.
 A segment's CRC has passed before any is read, so an entry that does not unpack can only have been
 written so (a writer's bug): the message table then reads the ext again from the message's record in
-the log (which a start would replay, and which holds it as written), keeps it, and logs a warning; the
-next snapshot writes it as it should be. Only the log's record failing its own checksum as well fails
-the read (``TextDamaged``, as for a text).
+the log (which a start would replay, and which holds it as written), keeps it, and logs a warning; its
+row goes into the next snapshot, which writes it as it should be. Only the log's record failing its own
+checksum as well fails the read (``TextDamaged``, as for a text).
 """
 from __future__ import annotations
 
@@ -104,11 +104,12 @@ class ExtFiles(MutableMapping):
     packed and sorted by seq, and a dict of those stored since. A packed entry replaced or dropped
     is only marked gone (its bytes stay until the next start)."""
 
-    __slots__ = ("fresh", "_seqs", "_starts", "_ends", "_blob", "_alive", "_count", "_repair")
+    __slots__ = ("fresh", "_seqs", "_starts", "_ends", "_blob", "_alive", "_count", "_repair", "repaired")
 
     def __init__(self, repair: Callable[[int], tuple] | None = None) -> None:
         self.fresh: dict[int, tuple] = {}
         self._repair = repair   # seq -> its ext read again from the log, for an entry that does not unpack
+        self.repaired: set[int] = set()   # the seqs so read, for the next snapshot's delta (Store.plan_snapshot)
         self._seqs = np.zeros(0, np.int64)
         self._starts = self._ends = self._seqs
         self._blob = b""
@@ -171,6 +172,7 @@ class ExtFiles(MutableMapping):
             ext = self._repair(seq)
             LOG.warning("%s; its ext was read again from the log", exc)
             self[seq] = ext
+            self.repaired.add(seq)
             return ext
 
     def __setitem__(self, seq: int, ext: tuple) -> None:

@@ -22,6 +22,7 @@ from protocol.history import ASSISTANT_RESPONSE, TOOL_CALL, USER_INPUT, WEB_SEAR
 
 from .extfiles import ExtDamaged
 from .handles import session_digest
+from .text import TextDamaged
 from .model import Message
 
 LOG = logging.getLogger("convmem.storaged")
@@ -231,7 +232,7 @@ class TouchIndex:
             for seq in seqs[at:at + LOAD_STEP]:
                 try:
                     ext = source.get(seq)
-                except (ExtDamaged, OSError) as exc:   # (its record in the log damaged as well)
+                except (ExtDamaged, TextDamaged) as exc:   # (its record in the log damaged as well)
                     LOG.error("the touch index leaves out an event: %s", exc)
                     continue
                 if ext is None:   # deleted meanwhile, or its files gone
@@ -281,12 +282,14 @@ HEALTH_SAMPLE = 256   # sessions a health call makes while a start's are still p
 class IndexSizes:
     """(history index bytes, relation index bytes) for health, without an O(sessions) walk per call."""
 
-    __slots__ = ("version", "at", "value")
+    __slots__ = ("version", "at", "value", "relations_at", "relations_value")
 
     def __init__(self) -> None:
         self.version: object = None
         self.at = float("-inf")
         self.value = (0, 0)
+        self.relations_at = float("-inf")   # while a start's sessions are still being made
+        self.relations_value = 0
 
     def get(self, version: object, sessions: dict[str, Session], relations: RelationIndex) -> tuple[int, int]:
         now = time.monotonic()
@@ -297,7 +300,9 @@ class IndexSizes:
                 sessions.make_some(HEALTH_SAMPLE)
                 sample = list(itertools.islice(dict.items(sessions), HEALTH_SAMPLE))
                 history = sum(sys.getsizeof(k) + s.size_bytes() for k, s in sample) * len(sessions) // len(sample)
-                return (history + sys.getsizeof(sessions), relations.size_bytes())
+                if now - self.relations_at >= HEALTH_REFRESH_S:   # (that walk is rate-limited all the same)
+                    self.relations_at, self.relations_value = now, relations.size_bytes()
+                return (history + sys.getsizeof(sessions), self.relations_value)
             history = sys.getsizeof(sessions) + sum(sys.getsizeof(k) + s.size_bytes() for k, s in sessions.items())
             self.value = (history, relations.size_bytes())
             self.version, self.at = version, now

@@ -420,8 +420,9 @@ class Server:
             self.store.relocate_step(RELOCATE_STEP_BUSY)
             if self.store.unindexed:
                 self.store.index_step(time.monotonic() + BUSY_INDEX_SLICE_S, self._request_waiting)
-            elif self.store.loading_later and time.monotonic() - self._later_at > LATER_STARVED_S:
-                # a load that never leaves the loop idle would hold the start's leftovers off for good
+            if self.store.loading_later and time.monotonic() - self._later_at > LATER_STARVED_S:
+                # a load that never leaves the loop idle (reads back to back, an ingester's writes,
+                # whose own messages always queue for the index) would hold a start's leftovers off
                 self._load_later(time.monotonic() + BUSY_LOAD_SLICE_S, None)
 
     def _load_later(self, deadline: float, interrupted: Callable[[], bool] | None) -> None:

@@ -1151,10 +1151,11 @@ class Store:
         """Whether the snapshot on disk is behind: the log grew since, or the search index indexed
         messages the snapshot left queued, or its live lists are big enough to be written as a segment
         (SearchIndex.flush_due), or a base of the rows is due (``base_due``: rows of an earlier
-        version, which every start would convert again, or deltas a stop left in its place)."""
+        version, which every start would convert again, or deltas a stop left in its place), or a
+        packed ext was read again from the log (extfiles.py: every start would read it again)."""
         return self.writer is not None and not self.corrupt and not self.broken and self.relocation is None and (
             self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed
-            or self.search_flush_due() or self.base_due())
+            or self.search_flush_due() or self.base_due() or bool(self.table.ext_files.repaired))
 
     def base_due(self, more: int = 0) -> bool:
         """The next snapshot should write a base: the row segments include one of an earlier version or
@@ -1177,6 +1178,10 @@ class Store:
         ``abandon_snapshot`` puts them back if the snapshot is never installed."""
         index_plan = self._index.plan(inline)
         changed, deleted = self.rows_changed, self.rows_deleted
+        repaired = self.table.ext_files.repaired   # (read again from the log: written right by this one)
+        if repaired:
+            changed |= repaired
+            self.table.ext_files.repaired = set()
         metas, checkpoints = self.metas_changed, self.checkpoints_changed
         self.rows_changed, self.rows_deleted = set(), set()
         self.metas_changed, self.checkpoints_changed = set(), set()

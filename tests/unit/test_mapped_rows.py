@@ -210,3 +210,21 @@ def test_a_delta_of_mapped_rows_alone_loads(tmp_path):
         assert live_state(s) == expected == _replayed(d, tmp_path)
     finally:
         s.close()
+
+
+def test_the_id_keys_file_is_kept_from_cuts_only_while_they_are_mapped(tmp_path, monkeypatch):
+    """A store that deleted a message has its base's rows copied but its id keys mapped; once new ids
+    are merged into new arrays nothing maps the file, and it may be released a cut at a time again."""
+    from storaged import columns
+
+    d, ids = _store(tmp_path, delete_one=True)
+    s = Store.open(d)
+    try:
+        t = s.table
+        assert t.nbase == 0 and not t.keys.flags.writeable and t.mapped_names() == set(_digests(d))
+        monkeypatch.setattr(columns, "RECENT_MAX", 4)
+        for i in range(5):
+            write(s, "s-new", f"new id {i}")   # the fifth merges the keys into new arrays
+        assert t.keys.flags.writeable and t.mapped_names() == frozenset()
+    finally:
+        s.close()

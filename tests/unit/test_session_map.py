@@ -187,10 +187,15 @@ def test_a_loop_never_idle_still_makes_them(tmp_path, monkeypatch):
         assert 0 < made < SESSIONS
         server._busy_work()                          # and not again until starved again
         assert dict.__len__(store.sessions) == made
+        write(store, "s-busy", "a write queues its own message for the index, every batch")
+        before = dict.__len__(store.sessions)
+        clock[0] += server_mod.LATER_STARVED_S + 0.01
+        server._busy_work()                          # the index step first, the starved slice after it
+        assert not store.unindexed and dict.__len__(store.sessions) > before
         while store.loading_later:
             clock[0] += server_mod.LATER_STARVED_S + 0.01
             server._busy_work()
-        assert len(store.sessions) == SESSIONS and not store.session_keys.pending
+        assert len(store.sessions) == SESSIONS + 1 and not store.session_keys.pending
     finally:
         server.close()
         store.close()
