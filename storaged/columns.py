@@ -428,8 +428,10 @@ class MessageTable:
     def rec_size(self, seq: int) -> int:
         return self.row(seq)[8]
 
-    def get(self, seq: int) -> Message | None:
-        """The message at ``seq``, built from its row (None if there is none)."""
+    def get(self, seq: int, lenient: bool = False) -> Message | None:
+        """The message at ``seq``, built from its row (None if there is none). ``lenient``: a message
+        whose ext with files can be read from neither its packed entry nor its log record (both damaged)
+        is built without it rather than failing (the store's own bookkeeping: Store._apply)."""
         seq = int(seq)
         if seq < 0 or seq >= len(self.etype):
             return None
@@ -451,7 +453,7 @@ class MessageTable:
                       tcid, self.tagsets.values[tags], _TIERS[codes >> 8 & 0xFF], _KINDS[codes >> 16 & 0xFF],
                       importance, self.summary.get(seq), self.relations.get(seq, ()), self.source_ids.get(seq, ()),
                       rec_size, _ETYPES[etype], self.tools.values[tool],
-                      self.ext_files[seq] if ext == _EXT_SPARSE else self.exts.values[ext])
+                      self._ext_at(seq, lenient) if ext == _EXT_SPARSE else self.exts.values[ext])
         msg.src = self.sources[codes >> 24]
         return msg
 
@@ -778,6 +780,14 @@ class MessageTable:
             return 0
         ext = shared_ext_from([raw[0], raw[1], raw[2], []])
         return self.exts.code(ext, ext_key(ext))
+
+    def _ext_at(self, seq: int, lenient: bool) -> tuple | None:
+        try:
+            return self.ext_files[seq]
+        except TextDamaged:   # (the store is marked damaged: _ext_from_log)
+            if not lenient:
+                raise
+            return None
 
     def _ext_from_log(self, seq: int) -> tuple:
         """The ext with files of the message at ``seq`` as its record in the log holds it (for a packed

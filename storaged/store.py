@@ -476,6 +476,13 @@ class Store:
         self.last_error = message
 
     # ------------------------------------------------------------------ applying records
+    def _old(self, mid: str) -> Message | None:
+        """The live message an update or delete record replaces, for ``_apply``: built even when its files
+        can be read from neither copy (a damaged packed ext and bit rot in its log record, which marks the
+        store damaged), so that a start's replay goes on instead of failing the start."""
+        seq = self.table.seq_of(mid)
+        return None if seq is None else self.table.get(seq, lenient=True)
+
     def _apply(self, rec: list[Any], pos: int, size: int, msg: Message | None = None) -> None:
         """Apply one record framed at ``pos`` (``size`` bytes) in the log: the one path by which both
         replay and every live mutation change the state, so what a reply said and what a restart finds
@@ -498,7 +505,7 @@ class Store:
         elif kind == records.UPDATE:
             self.record_count += 1
             fields = rec[records.U_MESSAGE]
-            old = self.by_id.get(fields[records.MESSAGE_ID])
+            old = self._old(fields[records.MESSAGE_ID])
             if old is None and not self.salvaging:
                 return
             msg = msg or Message.from_fields(fields)
@@ -514,7 +521,7 @@ class Store:
             self.clock.observe_ms(msg.updated_at)
         elif kind == records.DELETE:
             self.record_count += 1
-            old = self.by_id.get(rec[records.D_MESSAGE_ID])
+            old = self._old(rec[records.D_MESSAGE_ID])
             if old is None:
                 return
             self._remove(old)

@@ -5,6 +5,7 @@ an entry that does not unpack fails its read clearly and is left out of the touc
 from __future__ import annotations
 
 import logging
+import os
 
 import msgpack
 import numpy as np
@@ -219,5 +220,48 @@ def test_an_entry_written_wrong_is_read_again_from_the_log(tmp_path, caplog, mon
         with caplog.at_level(logging.WARNING, logger="convmem.storaged"):
             state = live_state(store)
         assert "read again" not in caplog.text and state[mid]["content"] == "changed"
+    finally:
+        store.close()
+
+
+def test_a_damaged_entry_and_a_rotten_record_together_do_not_stop_a_start(tmp_path, monkeypatch):
+    """Two faults: the snapshot's packed ext of an event does not unpack, and its log record (before the
+    snapshot's position, which a start does not scan) rotted. A later update of it is replayed all the
+    same — the message replaced without its unreadable files — and the store starts, marked damaged."""
+    from storaged.store import Store
+    from tests.support.faultio import live_state, update
+    from tests.unit.test_history_views import Book, touch
+
+    d = str(tmp_path / "d")
+    store = Store.open(d)
+    book = Book(store)
+    book.put([touch(book, "claude-code:s", f"/repo/src/m{i}.py", "/repo", f"src/m{i}.py") for i in range(4)],
+             [{"session_id": "claude-code:s", "harness": "claude-code", "source": "claude"}])
+    real = ExtFiles.sections
+
+    def wrong(self, seqs=None):   # every entry written so that it does not unpack
+        out = real(self, seqs)
+        return {**out, "ext_values": b"\xc1" * len(out["ext_values"])}
+
+    monkeypatch.setattr(ExtFiles, "sections", wrong)
+    assert store.write_snapshot()
+    store.close()
+    monkeypatch.setattr(ExtFiles, "sections", real)
+    store = Store.open(d)
+    seq = min(store.table.ext_files._seqs.tolist())
+    mid = store.table.message_id(seq)
+    rec_pos = store.table.row(seq)[6]
+    update(store, mid, content="updated after the snapshot")   # (its ext read again from the log, fine then)
+    store.close()                                             # no snapshot: the update is the log's tail
+    with open(os.path.join(d, "log"), "r+b") as f:            # the event's write record rots
+        f.seek(rec_pos + 12)
+        b = f.read(1)
+        f.seek(rec_pos + 12)
+        f.write(bytes([b[0] ^ 0x20]))
+    store = Store.open(d)
+    try:
+        assert store.snapshot_valid and store.corrupt and store.health()["status"] == "DEGRADED"
+        state = live_state(store)
+        assert state[mid]["content"] == "updated after the snapshot" and len(state) == 4
     finally:
         store.close()
