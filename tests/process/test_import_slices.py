@@ -21,9 +21,9 @@ BATCH = 1000
 TEXT = "slice test body with enough words to be a realistic transcript line " * 12  # ~800 bytes
 
 
-def _batch(tag: str, n: int = BATCH) -> list[dict[str, Any]]:
+def _batch(tag: str, n: int = BATCH, text: str = TEXT) -> list[dict[str, Any]]:
     return [{"message_id": str(ULID()), "session_id": f"imp-{tag}", "timestamp": 1_700_000_000_000 + i,
-             "role": "user" if i % 2 else "assistant", "content": f"{tag} {i} {TEXT}"} for i in range(n)]
+             "role": "user" if i % 2 else "assistant", "content": f"{tag} {i} {text}"} for i in range(n)]
 
 
 class Importer(threading.Thread):
@@ -53,10 +53,11 @@ def _watch_partial(c, before: int, total: int, imp: Importer, *, below: int | No
     return None
 
 
-def _in_first_half(d: Daemon, c, tag: str) -> Importer:
+def _in_first_half(d: Daemon, c, tag: str, text: str = TEXT) -> Importer:
     """An importer of one batch, returned once the daemon has stored some but less than half of it:
-    slices remain for what the test does next."""
-    imp = Importer(d, [_batch(tag)])
+    slices remain for what the test does next (on a fast machine a slice stores hundreds of ~800-byte
+    messages: a test that must act before the last slice gives them a longer ``text``)."""
+    imp = Importer(d, [_batch(tag, text=text)])
     imp.start()
     assert _watch_partial(c, 0, BATCH, imp, below=BATCH // 2) is not None
     return imp
@@ -105,7 +106,7 @@ def test_a_rebuild_asked_during_an_import_starts_once_the_import_is_stored(tmp_p
     with Daemon(tmp_path / "data") as d:
         d.start()
         with d.client() as c:
-            imp = _in_first_half(d, c, "r")
+            imp = _in_first_half(d, c, "r", text=TEXT * 4)   # (~3 KB each: more slices)
             done = c.rebuild()  # answered REBUILDING at once, then followed with rebuild_status
             imp.join(60)
             assert imp.replies == [{"status": "OK", "imported": BATCH, "existing": 0}]
