@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -198,7 +198,7 @@ class TouchIndex:
     def __init__(self) -> None:
         self.by_name: dict[str, list[int]] = {}
         self._pending: list[int] | None = None    # the seqs still to load, ascending
-        self._source: dict[int, tuple] | None = None   # seq -> its ext (files at [3]), as the table keeps them
+        self._source: Mapping[int, tuple] | None = None   # seq -> its ext (files at [3]): the table's ExtFiles
         self._at = 0
 
     @staticmethod
@@ -209,7 +209,7 @@ class TouchIndex:
         for name in self._names(msg):
             _insort(self.by_name.setdefault(name, []), msg.seq)
 
-    def load_later(self, ext_files: dict[int, tuple]) -> None:
+    def load_later(self, ext_files: Mapping[int, tuple]) -> None:
         """Load the events of ``ext_files`` (seq -> ext with files; the table's own dict, read as it is
         then) into an empty index, in ``load_step``s."""
         self._pending, self._source, self._at = sorted(ext_files), ext_files, 0
