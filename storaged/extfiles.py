@@ -48,6 +48,11 @@ def pack_entry(ext: tuple) -> bytes:
 
 def unpack_entry(raw: bytes | memoryview, seq: int) -> tuple:
     """The ext tuple of a packed entry; ExtDamaged if it is not one."""
+    return shared_ext_from(_unpacked(raw, seq))
+
+
+def _unpacked(raw: bytes | memoryview, seq: int) -> list[Any]:
+    """A packed entry as a record holds an ext (a list), its shape checked; ExtDamaged if it is not one."""
     try:
         value = msgpack.unpackb(raw, use_list=True, raw=False, strict_map_key=True)
         if value.__class__ is not list or len(value) != 4 or value[3].__class__ is not list or not value[3]:
@@ -56,7 +61,7 @@ def unpack_entry(raw: bytes | memoryview, seq: int) -> tuple:
             if (f.__class__ is not list or len(f) != 5 or f[0].__class__ is not str or f[4].__class__ is not str
                     or any(v is not None and v.__class__ is not str for v in f[1:4])):
                 raise TypeError("a file entry of another shape")
-        return shared_ext_from(value)
+        return value
     except Exception as exc:
         raise ExtDamaged(f"the packed ext of message seq {seq} does not unpack ({type(exc).__name__}: {exc})") from None
 
@@ -76,8 +81,7 @@ def raw_entries(cols: dict[str, Any]) -> dict[int, list]:
     seqs, ends = checked_sections(cols)
     values, out, at = bytes(cols["ext_values"]), {}, 0
     for seq, end in zip(seqs.tolist(), ends.tolist()):
-        unpack_entry(values[at:end], seq)   # its shape checked
-        out[seq] = msgpack.unpackb(values[at:end], raw=False)
+        out[seq] = _unpacked(values[at:end], seq)
         at = end
     return out
 
@@ -145,16 +149,6 @@ class ExtFiles(MutableMapping):
         if i < len(self._seqs) and self._seqs[i] == seq and self._alive[i]:
             return i
         return -1
-
-    def packed(self, seq: int) -> bytes:
-        """``seq``'s entry as a row segment holds it (its packed bytes unchanged, if it has them)."""
-        ext = self.fresh.get(seq)
-        if ext is not None:
-            return pack_entry(ext)
-        i = self._find(seq)
-        if i < 0:
-            raise KeyError(seq)
-        return self._blob[int(self._starts[i]):int(self._ends[i])]
 
     def __getitem__(self, seq: int) -> tuple:
         ext = self.fresh.get(seq)

@@ -160,25 +160,26 @@ class LogText:
     def read_utf8(self, loc: int, rec_size: int) -> bytes:
         """The text's bytes, from its record (``rec_size`` framed bytes) once its frame, salted
         checksum and the str header in front of the text are verified."""
-        data, _payload, off, length = self._checked(loc, rec_size)
+        data, _payload, _pos, off, length = self._checked(loc, rec_size)
         return data[off:off + length]
 
     def read_record(self, loc: int, rec_size: int) -> list[Any]:
         """The whole record holding the text at ``loc``, decoded, with the same checks as ``read_utf8``
         and the record's shape (``records.check``); TextDamaged if any fails."""
-        _data, payload, _off, _length = self._checked(loc, rec_size)
+        _data, payload, pos, _off, _length = self._checked(loc, rec_size)
         try:
             record = msgpack.unpackb(payload, raw=False, use_list=True)
         except Exception:
             record = None
         if records.check(record) is not None:
-            pos = loc >> TEXT_LEN_BITS >> TEXT_OFF_BITS
             if self.on_damage is not None:
                 self.on_damage(pos, rec_size)
             raise TextDamaged(errno.EIO, f"the log record at byte {pos} holding a message is damaged")
         return record
 
-    def _checked(self, loc: int, rec_size: int) -> tuple[bytes, memoryview, int, int]:
+    def _checked(self, loc: int, rec_size: int) -> tuple[bytes, memoryview, int, int, int]:
+        """(the record's bytes, its payload, its position, the text's offset in it and its length), once
+        the frame, salted checksum and the text's str header hold; TextDamaged if one does not."""
         if self.fd is None:
             raise OSError(errno.EBADF, "the log is not open for reading")
         head, length = loc >> TEXT_LEN_BITS, loc & _LEN_MASK
@@ -191,7 +192,7 @@ class LogText:
             if self.on_damage is not None:
                 self.on_damage(pos, rec_size)
             raise TextDamaged(errno.EIO, f"the log record at byte {pos} holding a message text is damaged")
-        return data, payload, off, length
+        return data, payload, pos, off, length
 
     def close(self) -> None:
         if self.fd is not None:
