@@ -203,8 +203,8 @@ class MessageTable:
     reads them all (a field-per-array layout cost fifteen lookups a message), and ``ROW_DTYPE``
     views the same bytes as numpy columns for whatever is asked of every row at once."""
 
-    __slots__ = ("rows", "base", "nbase", "_base_map", "mapped", "_keys_file", "etype", "tcid_bytes", "summary", "relations", "source_ids", "ext_files", "wide", "odd_id",
-                 "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
+    __slots__ = ("rows", "base", "nbase", "_base_map", "_rows_file", "_keys_file", "etype", "tcid_bytes", "summary",
+                 "relations", "source_ids", "ext_files", "wide", "odd_id", "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
                  "keys", "key_seqs", "_keys_view", "_seqs_view", "recent", "by_seq", "by_id")
 
     # id (16 bytes: the ULID's number; zeros for an odd id), session number (from 1), timestamp,
@@ -221,8 +221,9 @@ class MessageTable:
         self.base = memoryview(b"")
         self.nbase = 0
         self._base_map = None
-        self.mapped: set[str] = set()   # the names of the files whose rows it maps: never cut under it
-        self._keys_file: str | None = None   # ... and of the one its id keys are mapped from, while they are
+        # the names of the files its rows and its id keys are mapped from (mapped_names: never cut under them)
+        self._rows_file: str | None = None
+        self._keys_file: str | None = None
         self.etype = bytearray()          # ETYPE_CODE (0: no live message), read in bulk by etype_filter
         self.tcid_bytes = bytearray()
         self.summary: dict[int, str] = {}
@@ -672,11 +673,9 @@ class MessageTable:
                     if gapless and rows.base is not None and not (renumber or self.generation) \
                             and self._map_base(cols.get("file"), int(seqs[0]), int(seqs[-1]) + 1):
                         base = np.frombuffer(self.base, _RECORD)
-                    else:
-                        self.nbase = 0
                     self.rows = bytearray((top + 1 - self.nbase) * _ROW_SIZE)
                     tail = np.frombuffer(self.rows, _RECORD)
-                    if self.nbase == 0:
+                    if base is None:
                         tail[at] = rows.view(_RECORD)
                 else:
                     _place(base, tail, self.nbase, at, rows.view(_RECORD))
@@ -735,7 +734,7 @@ class MessageTable:
         except (OSError, ValueError):
             return False
         self._base_map = mm
-        self.mapped.add(os.path.basename(path))
+        self._rows_file = os.path.basename(path)
         self.base = memoryview(mm)[at:at + end * _ROW_SIZE]
         self.nbase = end
         return True
@@ -794,11 +793,11 @@ class MessageTable:
         entry that does not unpack: extfiles.py); TextDamaged if the record does not hold one."""
         row = self.row(seq)
         rec_pos, low, rec_size, codes = row[6], row[7], row[8], row[13]
-        record = self.sources[codes >> 24].read_record(rec_pos << _SHIFT | low, rec_size)
+        src = self.sources[codes >> 24]
+        record = src.read_record(rec_pos << _SHIFT | low, rec_size)
         fields = record[-1]
         ext = shared_ext_from(fields[EXT]) if record[0] in (WRITE, UPDATE) and len(fields) > EXT else None
         if ext is None or not ext[3]:
-            src = self.sources[codes >> 24]
             if src.on_damage is not None:   # the store is marked damaged, as for a record that fails its check
                 src.on_damage(rec_pos, rec_size)
             raise TextDamaged(errno.EIO, f"the log record at byte {rec_pos} does not hold the files of message "
@@ -808,8 +807,8 @@ class MessageTable:
     def mapped_names(self) -> frozenset[str]:
         """The names of the files this table maps, whose blocks must not be cut while it lives
         (Store.collect_segments: they are only unlinked)."""
-        keys = {self._keys_file} if self._keys_file is not None and not self.keys.flags.writeable else set()
-        return frozenset(self.mapped | keys)
+        keys = self._keys_file if not self.keys.flags.writeable else None
+        return frozenset(name for name in (self._rows_file, keys) if name is not None)
 
     def column(self, name: str, seqs: np.ndarray) -> np.ndarray:
         """One field (a ROW_DTYPE name) of ``seqs``' rows, as a new array."""
