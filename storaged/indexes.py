@@ -210,8 +210,8 @@ class TouchIndex:
             _insort(self.by_name.setdefault(name, []), msg.seq)
 
     def load_later(self, ext_files: Mapping[int, tuple]) -> None:
-        """Load the events of ``ext_files`` (seq -> ext with files; the table's own dict, read as it is
-        then) into an empty index, in ``load_step``s."""
+        """Load the events of ``ext_files`` (seq -> ext with files: the table's own ExtFiles, read as it
+        is when each step gets there) into an empty index, in ``load_step``s."""
         self._pending, self._source, self._at = sorted(ext_files), ext_files, 0
         if not self._pending:
             self._pending = self._source = None

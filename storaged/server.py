@@ -239,10 +239,7 @@ class Server:
     def install_store(self, store: Store) -> None:
         """Start serving ``store``: every op gets its handler."""
         store.index_queue_max = INDEX_QUEUE_MAX
-        # the last message the open replayed into the index's queue (0: none), and until when the
-        # background snapshots wait for the loop to index them (_background_snapshot)
-        self.replayed_until = store.unindexed[-1] if store.unindexed else 0
-        self.replay_wait_until = time.monotonic() + REPLAY_CATCH_UP_MAX_S
+        self._hold_snapshots_for_queue(store)
         history = HistoryViews(store)
         self.handlers = {
             "ping": self._ping,
@@ -579,6 +576,12 @@ class Server:
         # as after a start that replayed the whole log: the loop and a catch-up child index the queue
         # (none failed: the one just ended was killed here), and background snapshots wait for them a while
         self.split_failed = -SPLIT_RETRY_S
+        self._hold_snapshots_for_queue(store)
+
+    def _hold_snapshots_for_queue(self, store: Store) -> None:
+        """What the index's queue holds now was replayed (a start's tail, or every message after the index
+        was dropped): remember its last message (0: none), and until when the background snapshots wait
+        for the loop to index it (_background_snapshot)."""
         self.replayed_until = store.unindexed[-1] if store.unindexed else 0
         self.replay_wait_until = time.monotonic() + REPLAY_CATCH_UP_MAX_S
 
