@@ -203,7 +203,7 @@ class MessageTable:
     reads them all (a field-per-array layout cost fifteen lookups a message), and ``ROW_DTYPE``
     views the same bytes as numpy columns for whatever is asked of every row at once."""
 
-    __slots__ = ("rows", "base", "nbase", "_base_map", "_rows_file", "_keys_file", "etype", "tcid_bytes", "summary",
+    __slots__ = ("rows", "base", "nbase", "_base_map", "_rows_file", "_keys_file", "etype", "etype_epoch", "tcid_bytes", "summary",
                  "relations", "source_ids", "ext_files", "wide", "odd_id", "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
                  "keys", "key_seqs", "_keys_view", "_seqs_view", "recent", "by_seq", "by_id")
 
@@ -225,6 +225,7 @@ class MessageTable:
         self._rows_file: str | None = None
         self._keys_file: str | None = None
         self.etype = bytearray()          # ETYPE_CODE (0: no live message), read in bulk by etype_filter
+        self.etype_epoch = 0              # moves when a live row's type changes (filter bounds' key)
         self.tcid_bytes = bytearray()
         self.summary: dict[int, str] = {}
         self.relations: dict[int, tuple] = {}
@@ -347,7 +348,10 @@ class MessageTable:
             self.wide[seq] = (rev, importance)
         buf, off = self._at(seq)
         buf[off:off + _ROW_SIZE] = packed
-        self.etype[seq] = ETYPE_CODE[etype]
+        code = ETYPE_CODE[etype]
+        if self.etype[seq] not in (0, code):
+            self.etype_epoch += 1
+        self.etype[seq] = code
         if summary is not None:
             self.summary[seq] = summary
         if relations:

@@ -307,6 +307,7 @@ class WindowGroup(NamedTuple):
     bcnt: np.ndarray
     slots: np.ndarray
     keys: np.ndarray
+    ident: tuple  # (segment name, size, field): what storaged/filterbounds.py keys its rows by
 
 
 class Segment:
@@ -582,7 +583,8 @@ class Segment:
             g = self._groups[f] = WindowGroup(
                 self._w_lo, n, np.frombuffer(self._bval[f], np.uint8).reshape(m, n),
                 np.frombuffer(self._bcnt[f], np.uint8).reshape(m, n),
-                np.frombuffer(self._slots[f], np.uint32), np.frombuffer(self._keys[f], np.uint16))
+                np.frombuffer(self._slots[f], np.uint32), np.frombuffer(self._keys[f], np.uint16),
+                (self.name, self.size, f))
         return g
 
     def df(self, t: int) -> int:

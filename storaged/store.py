@@ -693,6 +693,8 @@ class Store:
             inside = (docs >= 0) & (docs < len(view))
             out[inside] = wanted[view[docs[inside]]]
             return out
+        # what the search index keeps bounds over this filter's docs by (storaged/filterbounds.py)
+        accept_docs.cache_key = (wanted.tobytes(), table.etype_epoch)
         return accept_docs
 
     def _remove(self, msg: Message, keep_slot: bool = False, track_order: bool = True) -> None:

@@ -3,6 +3,7 @@
 whatever mix of event types, deletes and updates the store holds."""
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -82,4 +83,24 @@ def test_search_sessions_is_the_same_either_way(tmp_path, monkeypatch):
     for q in WORDS:
         for i, more in enumerate(asks):
             assert results(q, **more) == got[(q, i)], (q, more)
+    s.close()
+
+
+def test_a_filters_key_moves_when_a_live_message_changes_type(tmp_path):
+    # what the search index keeps of a filter (its verdict by slot, bounds over its docs) is kept
+    # under Store.etype_filter's cache_key, which holds the table's etype epoch: a row put again
+    # with another type moves it; a new row, a delete, or the same type again do not
+    s = _store(tmp_path)
+    key = s.etype_filter(("user_input",)).cache_key
+    assert s.etype_filter(("user_input",)).cache_key == key
+    assert s.etype_filter(("tool_response",)).cache_key != key
+    m = next(m for m in s.by_seq.values() if m.etype == "user_input")
+    epoch = s.table.etype_epoch
+    s.table.put(m)  # the same type again
+    assert s.table.etype_epoch == epoch
+    retyped = copy.copy(m)
+    retyped.etype = "tool_response"
+    s.table.put(retyped)
+    assert s.table.etype_epoch == epoch + 1
+    assert s.etype_filter(("user_input",)).cache_key != key
     s.close()

@@ -177,8 +177,8 @@ def test_the_window_kernel_reads_fewer_postings_when_the_best_docs_cluster(corpu
     seen = []
     real = S.SearchIndex._window_sources
 
-    def spy(self, lists):
-        got = real(self, lists)
+    def spy(self, lists, accept_docs=None):
+        got = real(self, lists, accept_docs)
         seen.append((sum(len(s[0]) for s in got[0]), got[3]))
         return got
 
@@ -399,3 +399,101 @@ def test_counts_that_do_not_add_up_to_a_list_leave_it_to_be_read_whole(tmp_path,
     for q in queries:
         a, b = both(monkeypatch, lambda: ix.search(q, 10))
         assert a == b, q
+
+
+def keyed(keep, key):
+    """An accept_docs with a cache_key (as Store.etype_filter makes): the index may keep what it
+    learns of it (its verdict by slot, bounds over its docs) under that key."""
+    def accept_docs(docs):
+        return keep(docs)
+    accept_docs.cache_key = key
+    return accept_docs
+
+
+FILTERS = (("a third", lambda d: d % 3 == 0), ("one in 40", lambda d: d % 40 == 7), ("none", lambda d: d < 0))
+
+
+def test_bounds_over_a_filters_docs_bound_every_kept_posting(corpus):
+    # storaged/filterbounds.py: per window, the highest impact of a kept posting, in 255ths of the
+    # row's highest rounded up: never below what it bounds, a window with none kept adds nothing
+    from storaged.filterbounds import accepted_maxima
+    ix, _, _ = corpus
+    slot_doc = np.frombuffer(ix._slot_doc, np.uint64).astype(np.int64)
+    checked = 0
+    for _, keep in FILTERS:
+        kept = keep(slot_doc)
+        for seg in [p for p in ix._parts if isinstance(p, G.Segment)]:
+            for f in range(3):
+                table = np.array(S._impact_table(ix._field_q(f)))
+                tids, counts, slots, keys = seg.export(f)
+                off = np.concatenate(([0], np.cumsum(counts)))
+                for t, a, b in zip(tids.tolist(), off[:-1].tolist(), off[1:].tolist()):
+                    if seg.bounds(f, t) is None:
+                        continue
+                    group = seg.window_group(f)
+                    top, cells = accepted_maxima(group.slots[a:b], group.keys[a:b], table, kept, 4, group.w_lo, group.n_win)
+                    win = (slots[a:b].astype(np.int64) >> 4) - group.w_lo
+                    best = np.zeros(group.n_win)
+                    on = kept[slots[a:b]]
+                    np.maximum.at(best, win[on], table[keys[a:b]][on])
+                    bound = top * cells.astype(np.float64) / 255.0
+                    assert (bound >= best).all() and top >= best.max()
+                    assert (cells[best == 0] == 0).all()
+                    checked += 1
+    assert checked > 60
+
+
+def test_a_filter_with_a_key_gives_the_answers_of_one_without(corpus, monkeypatch):
+    # with a cache_key, the window kernel bounds windows over the filter's docs and the array kernel
+    # sums only the postings of the slots it keeps: the same pool and scores to the bit as a filter
+    # the index learns nothing of, asked of the docs it reached
+    ix, _, queries = corpus
+    taken = []
+    real = S.SearchIndex._pool_windows
+
+    def spy(self, *a, **kw):
+        out = real(self, *a, **kw)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(S.SearchIndex, "_pool_windows", spy)
+    made = ix._filtered.made
+    for i, (name, keep) in enumerate(FILTERS):
+        accept = lambda d, keep=keep: bool(keep(d))  # noqa: E731
+        plain = lambda docs, keep=keep: keep(docs)  # noqa: E731
+        fast = keyed(keep, ("test", i))
+        for q in queries:
+            for limit in (1, 10, 50):
+                want = both(monkeypatch, lambda: ix.search_own(q, limit, accept, accept_docs=plain)[0])[1]
+                a, b = both(monkeypatch, lambda: ix.search_own(q, limit, accept, accept_docs=fast)[0])
+                assert a == want and b == want, (name, q, limit)
+            want = both(monkeypatch, lambda: ranked_search(ix, q, 12, accept=accept, neighbours=neighbours,
+                                                           accept_docs=plain))[1]
+            a, b = both(monkeypatch, lambda: ranked_search(ix, q, 12, accept=accept, neighbours=neighbours,
+                                                           accept_docs=fast))
+            assert a == want and b == want, (name, q)
+    assert ix._filtered.made > made and True in taken
+
+
+def test_a_kept_filter_follows_slots_added_after_it_was_first_used(tmp_path, monkeypatch):
+    ix, texts, queries = build(tmp_path, random.Random(5), n=1200)
+    keep = lambda d: d % 4 == 1  # noqa: E731
+    accept = lambda d: bool(keep(d))  # noqa: E731
+    fast = keyed(keep, ("grow", 0))
+
+    def check():
+        for q in queries:
+            want = both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=lambda docs: keep(docs))[0])[1]
+            assert both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=fast)[0]) == (want, want), q
+
+    check()
+    n = len(ix._slot_doc)
+    for d in range(5001, 5301):  # new slots, several of each query's words, kept and not
+        ix.add(d, " ".join(texts[d - 5000].split() * 3), None, ())
+    for d in range(1, 40):  # and some old docs again: their old slots die, new ones are added
+        if d in ix:
+            ix.remove(d)
+            ix.add(d, texts[d], None, ())
+    assert len(ix._slot_doc) > n
+    check()
+    assert len(ix._filtered._masks[("grow", 0)]) == len(ix._slot_doc)

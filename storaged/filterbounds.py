@@ -1,0 +1,122 @@
+"""Window bounds over the docs a filter accepts, made when a filtered query first needs them.
+
+Why: a segment's window bounds (storaged/segment.py) are over every doc of a window. A filter that
+keeps a minority of a list's postings — search_sessions' default event types keep prompts and
+answers, while tool output holds most of a common word's postings — finds its acceptable docs
+scoring far below those bounds, so block-max pruning reads nearly every window and the window kernel
+hands the query to the array kernel (~30 ms a query at 5M events, every one of them). Bounds over the
+accepted docs alone prune a filtered query as the segment's prune an unfiltered one.
+
+They are made from a long list's postings, one pass in C over the list (about what the array
+kernel spends on it once), and kept a byte a window in a cache of bounded size: the lists that have
+bounds are each segment's few hundred most common words, the ones queries keep coming back to.
+
+Soundness, as for a segment's bounds: a window's bound is the highest impact of an accepted posting
+there at the impact table of its making (the field's average length then), in 255ths of the row's
+highest, rounded up; the kernel multiplies it by the drift of the field's average since. What a slot
+holds never changes while it is alive (an update removes the doc's slot and indexes it again in a new
+one), so neither does whether its doc passes an event-type filter; a slot that dies only lowers what a
+window can score. The key holds the filter's own key anyway (``cache_key``: its event types and the
+message table's etype epoch, which moves if a live message ever changes type), so a bound is never
+used for any filter but the one it was made for.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+import numpy as np
+
+# the bytes of bound rows kept (each a byte a window of its segment: ~6 KB at 5M events); past it,
+# the least recently used go. Enough for every bounded list of a 5M-event index under one filter.
+CACHE_BYTES = 48 << 20
+
+
+# filters whose verdict by slot is kept (a byte a slot: 5 MB at 5M events each)
+MASKS = 2
+
+
+class FilteredBounds:
+    """What a filter keeps, by slot, and bound rows over it: (segment field, bound row, filter key)
+    → the row's windows bounded over the filter's docs."""
+
+    __slots__ = ("cap", "_rows", "_bytes", "_masks", "made")
+
+    def __init__(self, cap: int = CACHE_BYTES) -> None:
+        self.cap = cap
+        self._rows: OrderedDict[tuple, tuple[float, float, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+        self._masks: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self.made = 0  # rows made (not found): what a test or a bench reads
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes + sum(m.nbytes for m in self._masks.values())
+
+    def clear(self) -> None:
+        """Forget everything: the index's slots were numbered again (SearchIndex.compact, a load)."""
+        self._rows.clear()
+        self._bytes = 0
+        self._masks.clear()
+
+    def kept(self, fkey: tuple, slot_doc: np.ndarray, accept_docs: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Whether ``accept_docs`` keeps each slot's doc (``slot_doc``: every slot's, as the index
+        has them now), a bool a slot; made for the slots it has not seen (all, the first time: ~50 ms
+        at 5M events) and kept. A slot's doc never changes, nor its type while the slot lives (the
+        key's epoch moves if a live message's does), so a verdict stays true; a dead slot is the
+        kernel's to drop."""
+        mask = self._masks.get(fkey)
+        n = len(slot_doc)
+        if mask is not None:
+            self._masks.move_to_end(fkey)
+            if len(mask) >= n:
+                return mask
+        lo = 0 if mask is None else len(mask)
+        more = accept_docs(slot_doc[lo:n].astype(np.int64))
+        mask = more if mask is None else np.concatenate((mask, more))
+        self._masks[fkey] = mask
+        while len(self._masks) > MASKS:
+            self._masks.popitem(last=False)
+        return mask
+
+    def row(self, ident: tuple, row: int, fkey: tuple, q_now: float, make: Callable[[], tuple[float, np.ndarray]]
+            ) -> tuple[float, float, np.ndarray]:
+        """(the average length it was made at, the row's highest bound, its bytes a window), made by
+        ``make`` (→ (highest, bytes)) at ``q_now`` if not kept."""
+        key = (ident, row, fkey)
+        got = self._rows.get(key)
+        if got is not None:
+            self._rows.move_to_end(key)
+            return got
+        top, cells = make()
+        got = self._rows[key] = (q_now, top, cells)
+        self.made += 1
+        self._bytes += cells.nbytes
+        while self._bytes > self.cap and len(self._rows) > 1:
+            _, (_, _, old) = self._rows.popitem(last=False)
+            self._bytes -= old.nbytes
+        return got
+
+
+def accepted_maxima(slots: np.ndarray, keys: np.ndarray, impacts: np.ndarray, kept: np.ndarray,
+                    shift: int, w_lo: int, n_win: int) -> tuple[float, np.ndarray]:
+    """(highest, per window in 255ths of it rounded up as u8) of ``impacts[keys]`` over the postings
+    (``slots`` ascending, all in windows [w_lo, w_lo + n_win)) whose slot ``kept`` marks;
+    (0.0, zeros) when it keeps none. The highest is nudged up a hair so that rounding never puts a
+    window's bound below an impact it bounds."""
+    cells = np.zeros(n_win, np.uint8)
+    at = np.flatnonzero(kept[slots])
+    if not len(at):
+        return 0.0, cells
+    values = impacts[keys[at]]
+    win = (slots[at] >> shift).astype(np.int64) - w_lo
+    edge = np.flatnonzero(np.concatenate(([True], win[1:] != win[:-1])))
+    best = np.maximum.reduceat(values, edge)
+    top = float(best.max()) * (1.0 + 1e-9)
+    if top <= 0.0:
+        return 0.0, cells
+    cells[win[edge]] = np.minimum(np.ceil(best * (255.0 / top)), 255.0)
+    return top, cells
