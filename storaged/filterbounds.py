@@ -62,14 +62,21 @@ class FilteredBounds:
         self._bytes = 0
         self._masks.clear()
 
-    def kept(self, fkey: tuple, slot_doc: np.ndarray, accept_docs: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    def covered(self, fkey: tuple) -> int:
+        """The slots whose verdicts under ``fkey`` are made (the first ones)."""
+        mask = self._masks.get(fkey)
+        return 0 if mask is None else len(mask)
+
+    def kept(self, fkey: tuple, slot_doc: np.ndarray, accept_docs: Callable[[np.ndarray], np.ndarray],
+             upto: int | None = None) -> np.ndarray:
         """Whether ``accept_docs`` keeps each slot's doc (``slot_doc``: every slot's, as the index
         has them now), a bool a slot; made for the slots it has not seen (all, the first time: ~50 ms
-        at 5M events) and kept. A slot's doc never changes, nor its type while the slot lives (the
-        key's epoch moves if a live message's does), so a verdict stays true; a dead slot is the
-        kernel's to drop."""
+        at 5M events, which the daemon's idle steps do ahead for the usual filter: ``upto``, the
+        slots to cover at least) and kept. A slot's doc never changes, nor its type while the slot
+        lives (the key's epoch moves if a live message's does), so a verdict stays true; a dead slot
+        is the kernel's to drop."""
         mask = self._masks.get(fkey)
-        n = len(slot_doc)
+        n = len(slot_doc) if upto is None else min(upto, len(slot_doc))
         if mask is not None:
             self._masks.move_to_end(fkey)
             if len(mask) >= n:

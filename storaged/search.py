@@ -1845,6 +1845,17 @@ class SearchIndex:
         self._prefix_step()
         return not self._prefix.ready or self._prefix_next is not None
 
+    def keep_ahead(self, accept_docs, step: int = 1 << 18) -> bool:
+        """Make ``step`` more slots' verdicts of a filter that has a ``cache_key`` (what a search
+        under it keeps: FilteredBounds.kept); True while slots remain. The daemon's idle steps run
+        it for the usual search's filter, so its first query after a start does not make the lot."""
+        n = len(self._slot_doc)
+        slot_doc = np.frombuffer(self._slot_doc, np.uint64)  # dropped at once: add() must grow it
+        key = accept_docs.cache_key
+        got = len(self._filtered.kept(key, slot_doc, accept_docs, upto=self._filtered.covered(key) + step))
+        del slot_doc
+        return got < n
+
     def _prefix_step(self) -> _PrefixVocab | None:
         """Advance the prefix list's build (or a rebuild) by one bounded step (see _PrefixVocab);
         the list to expand prefixes with, or None while the first build is under way."""

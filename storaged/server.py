@@ -491,6 +491,10 @@ class Server:
         index = self.store.search
         while index.idle_step() and time.monotonic() < deadline and not self._request_waiting():
             pass
+        # the usual search_sessions filter's verdicts by slot, made ahead (SearchIndex.keep_ahead)
+        usual = self.store.etype_filter(H.DEFAULT_SEARCH_EVENT_TYPES)
+        while time.monotonic() < deadline and not self._request_waiting() and index.keep_ahead(usual):
+            pass
 
     def _request_waiting(self) -> bool:
         return bool(self.sock.poll(0))

@@ -497,3 +497,23 @@ def test_a_kept_filter_follows_slots_added_after_it_was_first_used(tmp_path, mon
     assert len(ix._slot_doc) > n
     check()
     assert len(ix._filtered._masks[("grow", 0)]) == len(ix._slot_doc)
+
+
+def test_a_filters_verdicts_made_ahead_in_steps_are_the_ones_a_query_makes(tmp_path, monkeypatch):
+    # the daemon's idle steps make the usual filter's verdicts ahead (SearchIndex.keep_ahead), a
+    # step of slots at a time; a query then finds them made, and answers as if it made them itself
+    ix, _, queries = build(tmp_path, random.Random(8), n=900)
+    keep = lambda d: d % 3 != 0  # noqa: E731
+    fast = keyed(keep, ("ahead", 0))
+    steps = 0
+    while ix.keep_ahead(fast, step=100):
+        steps += 1
+        assert ix._filtered.covered(("ahead", 0)) == 100 * steps
+    n = len(ix._slot_doc)
+    assert steps == (n - 1) // 100 and ix._filtered.covered(("ahead", 0)) == n
+    slot_doc = np.frombuffer(ix._slot_doc, np.uint64).astype(np.int64)
+    assert ix._filtered.kept(("ahead", 0), slot_doc, fast).tolist() == keep(slot_doc).tolist()
+    accept = lambda d: bool(keep(d))  # noqa: E731
+    for q in queries:
+        want = both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=lambda docs: keep(docs))[0])[1]
+        assert both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=fast)[0]) == (want, want), q
