@@ -2143,6 +2143,11 @@ class SearchIndex:
             # the bounds prune too little for this query: the paths below read its lists whole
         if rem_size[0] <= _ARRAY_POSTINGS:
             return self._pool_arrays(lists, limit, ok if accept is not None else None, accept_docs)
+        fkey = getattr(accept_docs, "cache_key", None)
+        if fkey is not None:  # past the budget, yet the postings the filter keeps may be within it
+            got = self._pool_arrays_kept(lists, limit, accept_docs, fkey, _ARRAY_POSTINGS)
+            if got is not None:
+                return got
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
         for i in range(n - 1, -1, -1):
             rem[i] = rem[i + 1] + lists[i].ub
@@ -2295,11 +2300,12 @@ class SearchIndex:
                 totals.append(v)
         return pool, totals, lists, scorer
 
-    def _pool_arrays_kept(self, lists: list, limit: int, accept_docs, fkey: tuple
-                          ) -> tuple[list[int], list[float], list, "QueryScores"]:
+    def _pool_arrays_kept(self, lists: list, limit: int, accept_docs, fkey: tuple, budget: int | None = None
+                          ) -> tuple[list[int], list[float], list, "QueryScores"] | None:
         """_pool_arrays() under a filter that has a ``cache_key``: only the postings of the slots
         it keeps (storaged/filterbounds.py's mask, one byte a slot) are summed. A doc's postings are
-        all kept or all not, in their order, so its total is the array kernel's to the bit.
+        all kept or all not, in their order, so its total is the array kernel's to the bit. None if
+        the kept postings pass ``budget`` (a query past the array kernel's: MaxScore's, then).
 
         Why: search_sessions keeps prompts and answers, ~3% of a common query's postings at 5M
         events; summing only those takes the query from ~60 ms to a few. The scorer it returns
@@ -2309,7 +2315,10 @@ class SearchIndex:
         kept = self._filtered.kept(fkey, slot_doc, accept_docs)
         del slot_doc
         parts_s, parts_v = [], []
+        total = 0
         for tl in lists:
+            if budget is not None and total > budget:
+                return None
             if type(tl) is _TermList:
                 if type(tl.slots) is int:
                     if kept[tl.slots]:
@@ -2325,6 +2334,7 @@ class SearchIndex:
                     imp = np.array(tl.table)
                 parts_s.append(sl[at])
                 parts_v.append(imp[np.frombuffer(tl.keys, np.uint16)[at]] * tl.w)
+                total += len(at)
                 del sl
             else:
                 sl, vals = tl.arrays(impacts.get(id(getattr(tl, "table", None))))
@@ -2332,6 +2342,9 @@ class SearchIndex:
                 at = np.flatnonzero(kept[sl])
                 parts_s.append(sl[at])
                 parts_v.append(vals[at])
+                total += len(at)
+        if budget is not None and total > budget:
+            return None
         scorer = QueryScores(self, lists, {}, 0)
         if not parts_s:
             return [], [], lists, scorer

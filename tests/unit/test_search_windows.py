@@ -517,3 +517,29 @@ def test_a_filters_verdicts_made_ahead_in_steps_are_the_ones_a_query_makes(tmp_p
     for q in queries:
         want = both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=lambda docs: keep(docs))[0])[1]
         assert both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=fast)[0]) == (want, want), q
+
+
+def test_a_filtered_query_past_the_array_budget_sums_its_kept_postings_if_they_fit(corpus, monkeypatch):
+    # past _ARRAY_POSTINGS a query is MaxScore's (a Python step a posting); a keyed filter's query
+    # whose kept postings fit the budget is summed in C instead, with the same answers
+    ix, _, queries = corpus
+    monkeypatch.setattr(S, "_WINDOW_MIN_POSTINGS", 10**12)
+    monkeypatch.setattr(S, "_SCAN_BUDGET", 10**12)  # MaxScore reads every list: exact
+    outcomes = []
+    real = S.SearchIndex._pool_arrays_kept
+
+    def spy(self, *a, **kw):
+        out = real(self, *a, **kw)
+        outcomes.append(out is not None)
+        return out
+
+    monkeypatch.setattr(S.SearchIndex, "_pool_arrays_kept", spy)
+    for i, (name, keep) in enumerate(FILTERS[:2]):
+        accept = lambda d, keep=keep: bool(keep(d))  # noqa: E731
+        fast = keyed(keep, ("budget", i))
+        for q in queries:
+            monkeypatch.setattr(S, "_ARRAY_POSTINGS", 10**12)
+            want = ix.search_own(q, 10, accept, accept_docs=lambda docs, keep=keep: keep(docs))[0]
+            monkeypatch.setattr(S, "_ARRAY_POSTINGS", 60)
+            assert ix.search_own(q, 10, accept, accept_docs=fast)[0] == want, (name, q)
+    assert True in outcomes and False in outcomes  # one in 40 fits the budget; a third often does not
