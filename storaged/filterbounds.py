@@ -32,8 +32,10 @@ import numpy as np
 CACHE_BYTES = 48 << 20
 
 
+# a kept row's Python objects beside its bytes (its key, tuple, array header; measured ~360 B)
+ROW_OVERHEAD = 400
 # filters whose verdict by slot is kept (a byte a slot: 5 MB at 5M events each)
-MASKS = 2
+MASKS = 4
 
 
 class FilteredBounds:
@@ -46,7 +48,7 @@ class FilteredBounds:
         self.cap = cap
         self._rows: OrderedDict[tuple, tuple[float, float, np.ndarray]] = OrderedDict()
         self._bytes = 0
-        self._masks: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self._masks: OrderedDict[tuple, list] = OrderedDict()  # fkey → [buffer, slots made]
         self.made = 0  # rows made (not found): what a test or a bench reads
 
     def __len__(self) -> int:
@@ -54,57 +56,66 @@ class FilteredBounds:
 
     @property
     def nbytes(self) -> int:
-        return self._bytes + sum(m.nbytes for m in self._masks.values())
+        return self._bytes + sum(buf.nbytes for buf, _ in self._masks.values())
 
     def clear(self) -> None:
-        """Forget everything: the index's slots were numbered again (SearchIndex.compact, a load)."""
+        """Forget everything: the index's slots were numbered again (SearchIndex.compact, which only
+        renumbers an index without segments; a load makes a new index, and a new FilteredBounds)."""
         self._rows.clear()
         self._bytes = 0
         self._masks.clear()
 
     def covered(self, fkey: tuple) -> int:
         """The slots whose verdicts under ``fkey`` are made (the first ones)."""
-        mask = self._masks.get(fkey)
-        return 0 if mask is None else len(mask)
+        got = self._masks.get(fkey)
+        return 0 if got is None else got[1]
 
     def kept(self, fkey: tuple, slot_doc: np.ndarray, accept_docs: Callable[[np.ndarray], np.ndarray],
              upto: int | None = None) -> np.ndarray:
         """Whether ``accept_docs`` keeps each slot's doc (``slot_doc``: every slot's, as the index
         has them now), a bool a slot; made for the slots it has not seen (all, the first time: ~50 ms
         at 5M events, which the daemon's idle steps do ahead for the usual filter: ``upto``, the
-        slots to cover at least) and kept. A slot's doc never changes, nor its type while the slot
-        lives (the key's epoch moves if a live message's does), so a verdict stays true; a dead slot
-        is the kernel's to drop."""
-        mask = self._masks.get(fkey)
+        slots to cover at least) and kept, in a buffer that grows by doubling (a write's new slots
+        cost their own verdicts, not a copy of the rest). A slot's doc never changes, nor its type
+        while the slot lives (the key's epoch moves if a live message's does), so a verdict stays
+        true; a dead slot is the kernel's to drop."""
+        got = self._masks.get(fkey)
         n = len(slot_doc) if upto is None else min(upto, len(slot_doc))
-        if mask is not None:
+        if got is not None:
             self._masks.move_to_end(fkey)
-            if len(mask) >= n:
-                return mask
-        lo = 0 if mask is None else len(mask)
-        more = accept_docs(slot_doc[lo:n].astype(np.int64))
-        mask = more if mask is None else np.concatenate((mask, more))
-        self._masks[fkey] = mask
-        while len(self._masks) > MASKS:
-            self._masks.popitem(last=False)
-        return mask
+            if got[1] >= n:
+                return got[0][:got[1]]
+        else:
+            got = self._masks[fkey] = [np.zeros(0, bool), 0]
+            while len(self._masks) > MASKS:
+                self._masks.popitem(last=False)
+        buf, lo = got
+        if n > len(buf):
+            grown = np.zeros(max(n, 2 * len(buf)), bool)
+            grown[:lo] = buf[:lo]
+            got[0] = buf = grown
+        buf[lo:n] = accept_docs(slot_doc[lo:n].astype(np.int64))
+        got[1] = n
+        return buf[:n]
 
-    def row(self, ident: tuple, row: int, fkey: tuple, q_now: float, make: Callable[[], tuple[float, np.ndarray]]
-            ) -> tuple[float, float, np.ndarray]:
-        """(the average length it was made at, the row's highest bound, its bytes a window), made by
-        ``make`` (→ (highest, bytes)) at ``q_now`` if not kept."""
+    def get(self, ident: tuple, row: int, fkey: tuple) -> tuple[float, float, np.ndarray] | None:
+        """(the average length it was made at, the row's highest bound, its bytes a window), or None."""
         key = (ident, row, fkey)
         got = self._rows.get(key)
         if got is not None:
             self._rows.move_to_end(key)
-            return got
-        top, cells = make()
-        got = self._rows[key] = (q_now, top, cells)
+        return got
+
+    def put(self, ident: tuple, row: int, fkey: tuple, q_now: float, top: float, cells: np.ndarray
+            ) -> tuple[float, float, np.ndarray]:
+        """Keep a row made at average length ``q_now`` (accepted_maxima's (highest, bytes)); the
+        least recently used go past the cap. Returns what get() will."""
+        got = self._rows[(ident, row, fkey)] = (q_now, top, cells)
         self.made += 1
-        self._bytes += cells.nbytes
+        self._bytes += cells.nbytes + ROW_OVERHEAD
         while self._bytes > self.cap and len(self._rows) > 1:
             _, (_, _, old) = self._rows.popitem(last=False)
-            self._bytes -= old.nbytes
+            self._bytes -= old.nbytes + ROW_OVERHEAD
         return got
 
 
@@ -112,8 +123,8 @@ def accepted_maxima(slots: np.ndarray, keys: np.ndarray, impacts: np.ndarray, ke
                     shift: int, w_lo: int, n_win: int) -> tuple[float, np.ndarray]:
     """(highest, per window in 255ths of it rounded up as u8) of ``impacts[keys]`` over the postings
     (``slots`` ascending, all in windows [w_lo, w_lo + n_win)) whose slot ``kept`` marks;
-    (0.0, zeros) when it keeps none. The highest is nudged up a hair so that rounding never puts a
-    window's bound below an impact it bounds."""
+    (0.0, zeros) when it keeps none. The highest and each ratio are nudged up a hair so that
+    rounding never puts a window's bound below an impact it bounds."""
     cells = np.zeros(n_win, np.uint8)
     at = np.flatnonzero(kept[slots])
     if not len(at):
@@ -125,5 +136,7 @@ def accepted_maxima(slots: np.ndarray, keys: np.ndarray, impacts: np.ndarray, ke
     top = float(best.max()) * (1.0 + 1e-9)
     if top <= 0.0:
         return 0.0, cells
-    cells[win[edge]] = np.minimum(np.ceil(best * (255.0 / top)), 255.0)
+    # the ratio nudged up too, as the segment writer does: a window whose highest sits at a rounding
+    # edge of ceil still gets the step above it
+    cells[win[edge]] = np.minimum(np.ceil(best * (255.0 / top) * (1.0 + 1e-9)), 255.0)
     return top, cells

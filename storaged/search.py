@@ -43,6 +43,14 @@ score: the array kernel's pool and scores to the bit, from a few percent of the 
 queries that matter (a common word beside a rarer one).  A query the bounds prune too little is
 handed back to the paths that read every list.
 
+A filter with a key (Store.etype_filter: search_sessions' event types) is one the index may learn:
+its verdict by slot (a byte a slot, made once and kept, ahead in the daemon's idle steps for the
+usual one), so that the array kernel sums only the postings of the slots it keeps (~3% of a common
+query's at 5M events), and window bounds over its docs for the long lists a query reads, made on
+first need and kept in a bounded cache (storaged/filterbounds.py) — a segment's bounds are over all
+docs, and under a filter that keeps a minority they prune nothing.  The same pool and scores to the
+bit as asking the filter of each doc reached.
+
 CJK: a query run's bigrams are OR-ed terms; in addition, a doc whose field holds every bigram of a
 run (the phrase, or all its pieces) gets a bonus equal to the most any doc could score from those
 bigrams in that field, so in that field it ranks above every doc holding only some of them.  A
@@ -144,6 +152,8 @@ _WINDOW_MIN_POSTINGS = 1 << 17
 _WINDOW_FIRST = 1024  # windows scored in the first round; each later round four times more
 _WINDOW_GIVE_UP = 0.5  # ... unless the windows still in the running hold more than this share of the postings
 _WINDOW_BUDGET = _ARRAY_POSTINGS  # postings it reads at most (the array kernel's budget; the rest probed)
+# postings a query may read to make window bounds over a keyed filter's docs (_accepted_bounds; ~5 ms at 5M)
+_FILTER_BOUNDS_BUDGET = 2_000_000
 _BOUND_CHUNK = 1 << 22  # postings a segment writer turns into bounds at once (its transient arrays)
 # Its accumulator is a float per slot (np.bincount, O(slots)) unless the index has more slots than
 # 8 per posting plus this many; then the postings are sorted instead (np.unique, O(P log P)).
@@ -2119,7 +2129,8 @@ class SearchIndex:
         """(pool, totals, lists, scorer): the slots of the acceptable docs scoring within float
         noise of the limit-th best (see _top_pool), their exact totals (lists summed in the order
         they are sorted here, best bound first), the query's lists.  The body of search_scored(),
-        whose docstring tells the budgets; a query within _ARRAY_POSTINGS goes to _pool_arrays."""
+        whose docstring tells the budgets; a query within _ARRAY_POSTINGS goes to _pool_arrays, and
+        one under a keyed filter past it too when the postings the filter keeps are within it."""
         if limit <= 0 or not self._live:
             return [], [], [], QueryScores(self, [], {}, 0)
         lists = self._query_lists(query, fields)
@@ -2437,6 +2448,7 @@ class SearchIndex:
                 bulk_v[i] = vals  # put in place below (its keys and w: zeros)
                 to_bulk(i, sl, np.zeros(len(sl), np.uint16), 0.0, None)
         fkey = getattr(accept_docs, "cache_key", None)
+        making = [_FILTER_BOUNDS_BUDGET]  # postings this query may read to make bounds over the filter's docs
         for group, imp, field, members in grouped.values():
             # a segment field's lists at once: their bounds a row each summed into the windows, and
             # where each one's postings of each window begin (rows of counts, summed along)
@@ -2458,7 +2470,8 @@ class SearchIndex:
             if fkey is None:
                 bound[w_lo:w_lo + n] += scales @ group.bval[rows]
             else:
-                bound[w_lo:w_lo + n] += self._accepted_bounds(group, imp, field, rows, starts, ws, accept_docs, fkey)
+                bound[w_lo:w_lo + n] += self._accepted_bounds(group, imp, field, rows, starts, ws, scales,
+                                                              accept_docs, fkey, making)
             count[w_lo:w_lo + n] += cnt.sum(axis=0)
             bounded.append((nums.astype(np.int16), starts, ws, imp, group.slots, group.keys, w_lo, n))
         if sum(bulk_len):  # (a CJK phrase bonus may hold no doc)
@@ -2490,10 +2503,13 @@ class SearchIndex:
         return sources, bounded, bulk, bound, count
 
     def _accepted_bounds(self, group, imp: np.ndarray, field: int, rows: np.ndarray, starts: np.ndarray,
-                         ws: np.ndarray, accept_docs, fkey: tuple) -> np.ndarray:
+                         ws: np.ndarray, scales: np.ndarray, accept_docs, fkey: tuple, making: list[int]) -> np.ndarray:
         """What the lists of ``rows`` (postings from ``starts[:, 0]`` to ``starts[:, -1]``, weights
         ``ws``) of one segment field add to one accepted doc of each of its windows: their bounds
-        over the docs ``accept_docs`` keeps, made on first need and kept (self._filtered)."""
+        over the docs ``accept_docs`` keeps, made on first need and kept (self._filtered) while
+        ``making[0]`` postings last for this query — past it, a row not yet made adds the segment's
+        own bounds (``scales``: its factor; over all docs, so over the accepted ones too), so a client
+        that asks a new filter with every query never makes one read every list whole."""
         q_now = self._field_q(field)
         slot_doc = np.frombuffer(self._slot_doc, np.uint64)  # dropped at once: add() must grow it
         kept = self._filtered.kept(fkey, slot_doc, accept_docs)
@@ -2501,10 +2517,15 @@ class SearchIndex:
         out = np.zeros(group.n_win)
         for j, row in enumerate(rows.tolist()):
             a, b = int(starts[j, 0]), int(starts[j, -1])
-            q_then, top, cells = self._filtered.row(
-                group.ident, row, fkey, q_now,
-                lambda: accepted_maxima(group.slots[a:b], group.keys[a:b], imp, kept,
-                                        _WINDOW_SHIFT, group.w_lo, group.n_win))
+            got = self._filtered.get(group.ident, row, fkey)
+            if got is None:
+                if b - a > making[0]:
+                    out += scales[j] * group.bval[row]
+                    continue
+                making[0] -= b - a
+                got = self._filtered.put(group.ident, row, fkey, q_now, *accepted_maxima(
+                    group.slots[a:b], group.keys[a:b], imp, kept, _WINDOW_SHIFT, group.w_lo, group.n_win))
+            q_then, top, cells = got
             if top:
                 out += cells * (top / 255.0 * float(ws[j]) * _drift(q_then, q_now))
         return out
@@ -2516,9 +2537,9 @@ class SearchIndex:
         windows of slots at a time (block-max pruning); or None when the bounds prune too little
         (the windows left after a round hold more than _WINDOW_GIVE_UP of the postings, or a
         filter left fewer than ``limit`` acceptable docs in the first round's best windows: the
-        bounds are over all docs, and a filter that keeps a minority keeps the cut low).  The
-        filter is asked about the docs of the windows read; the cut is the limit-th best
-        acceptable live score.
+        bounds are over all docs, and a filter that keeps a minority keeps the cut low — a filter
+        with a key has bounds over its own docs instead, _accepted_bounds).  The filter is asked
+        about the docs of the windows read; the cut is the limit-th best acceptable live score.
 
         Why: the array kernel reads every posting of the query (a common word's list holds much
         of the index: 37 ms a query at 5M events); yet the best docs of a query sit in a small

@@ -496,7 +496,7 @@ def test_a_kept_filter_follows_slots_added_after_it_was_first_used(tmp_path, mon
             ix.add(d, texts[d], None, ())
     assert len(ix._slot_doc) > n
     check()
-    assert len(ix._filtered._masks[("grow", 0)]) == len(ix._slot_doc)
+    assert ix._filtered.covered(("grow", 0)) == len(ix._slot_doc)
 
 
 def test_a_filters_verdicts_made_ahead_in_steps_are_the_ones_a_query_makes(tmp_path, monkeypatch):
@@ -543,3 +543,25 @@ def test_a_filtered_query_past_the_array_budget_sums_its_kept_postings_if_they_f
             monkeypatch.setattr(S, "_ARRAY_POSTINGS", 60)
             assert ix.search_own(q, 10, accept, accept_docs=fast)[0] == want, (name, q)
     assert True in outcomes and False in outcomes  # one in 40 fits the budget; a third often does not
+
+
+@pytest.mark.parametrize("budget", [0, 40])
+def test_bounds_over_a_filter_past_a_querys_budget_are_the_segments_own(corpus, monkeypatch, budget):
+    # a query may read _FILTER_BOUNDS_BUDGET postings to make bounds over a new filter's docs; a row
+    # past it adds the segment's bounds over all docs (sound, if looser): the same answers, and a
+    # client that asks a new filter with each query never has every bounded list read whole for it
+    ix, _, queries = corpus
+    monkeypatch.setattr(S, "_FILTER_BOUNDS_BUDGET", budget)
+    keep = lambda d: d % 5 == 2  # noqa: E731
+    accept = lambda d: bool(keep(d))  # noqa: E731
+    made = []
+    for i, q in enumerate(queries):
+        fast = keyed(keep, ("budget-rows", budget, i))  # a new key each query: nothing made before
+        before = ix._filtered.made
+        want = both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=lambda docs: keep(docs))[0])[1]
+        assert both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=fast)[0]) == (want, want), q
+        made.append(ix._filtered.made - before)
+    if budget == 0:
+        assert not any(made)
+    else:
+        assert any(made) and max(made) <= 40 // 8  # a bounded list holds at least _BOUND_MIN (8) postings
