@@ -3,8 +3,8 @@
 Split in two so that the daemon can run the slow part beside its request loop:
 ``prepare`` (in a forked child of the daemon, ``run_child``: it sees the state frozen — the daemon
 refuses mutations meanwhile — and tokenises on a core of its own, never taking the loop's GIL)
-writes the new log, the new index as one segment file, and the snapshot naming both, beside the old
-ones; ``install`` (request-loop thread, ``read_result`` first) renames them into place, fsyncs the
+writes the new log, the new index as segment files (one every REBUILD_FLUSH_BYTES of index, merged
+as the daemon's are), and the snapshot naming them, beside the old ones; ``install`` (request-loop thread, ``read_result`` first) renames them into place, fsyncs the
 directory and swaps the in-memory parts. A crash at any point leaves either the old files or the new
 ones: the snapshot names the salt of the log it belongs to, so an old snapshot is never applied to a
 new log or the reverse, and a segment nothing names is removed (``Store.collect_segments``).
@@ -38,6 +38,11 @@ from .text import PackedLocations, TextDamaged, locate
 LOG = logging.getLogger("convmem.storaged")
 
 WRITE_BATCH = 1 << 20
+# the in-memory index a rebuild's worker holds before it writes it as a segment (merged geometrically,
+# as the daemon's snapshots merge theirs): built whole, 5M events took the worker past 24 GB and the
+# kernel killed it; written every ~256 MiB it holds about that (bench/SPIKES.md, part 13)
+REBUILD_FLUSH_BYTES = 256 << 20
+FLUSH_CHECK_EVERY = 2048  # messages between two looks at it (and between two pauses)
 
 
 @dataclass
@@ -73,14 +78,22 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     # would otherwise grow by the whole window at every rebuild)
     rids = store.rid_entries()
     checkpoint = logfile.encode_record(salt, records.checkpoint(store.last_seq, store.clock.last_id, store.clock.last_ms, rids))
-    rec_sizes: list[int] = []
-    text_locs: list[int] = []
+    rec_sizes = array("Q")       # (an int object each in a list: ~180 MB at 5M events)
+    text_locs: list[int] = []    # (past 64 bits beyond a 16 MiB log: PackedLocations splits them)
     index = SearchIndex()
     # session metadata of the sessions that still have messages, one merged record each; every
     # ingest checkpoint (they describe files, not messages, and must survive the rebuild)
     metas = {sid: dict(fields) for sid, fields in store.session_meta.items() if sid in store.sessions}
     meta_sizes: dict[str, int] = {}
     checkpoint_sizes: dict[tuple[str, str], int] = {}
+    written: list[str] = []  # the segments this rebuild wrote (some merged into later ones)
+
+    def flush_index() -> None:
+        plan = index.plan()
+        if plan is not None:
+            written.append(plan.name)
+            index.write_and_adopt(plan, io, store.dir)
+
     fd = io.open_new(tmp_log)
     try:
         out = Paced(io, fd)
@@ -112,8 +125,10 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
             rec_sizes.append(len(rec))
             emit(rec)
             index.add(m.seq, content, m.summary, m.tags)
-            if i % 2048 == 2047:
+            if i % FLUSH_CHECK_EVERY == FLUSH_CHECK_EVERY - 1:
                 pause()
+                if index.unwritten_bytes() >= REBUILD_FLUSH_BYTES:
+                    flush_index()
         for (src, key), value in list(store.ingest.checkpoints.items()):
             rec = logfile.encode_record(salt, records.ingest(src, key, value))
             checkpoint_sizes[(src, key)] = len(rec)
@@ -122,6 +137,9 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
             out.write(b"".join(batch))
             size += batch_len
         io.sync(fd)
+    except BaseException:
+        _remove_names(io, store.dir, written)
+        raise
     finally:
         io.close(fd)
     meta = store.snapshot_meta(salt, size, extras=False)
@@ -134,22 +152,19 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     # the session metadata and the checkpoints go in the base's tail (snapshot.write_rows)
     session_metas = [[sid, fields, meta_sizes[sid], list(store.session_meta.hot(sid))] for sid, fields in metas.items()]
     checkpoints = [[src, key, store.ingest.checkpoints[(src, key)], n] for (src, key), n in checkpoint_sizes.items()]
-    # the new index as one segment: the snapshot names it, and the daemon maps it at the install
-    # instead of holding a rebuilt index's millions of objects (and a start maps it too)
-    plan = index.plan()
+    # the rest of the new index as a segment: the snapshot names its segments, and the daemon maps them
+    # at the install instead of holding a rebuilt index's millions of objects (and a start maps them too)
     rows_name = snapshot.rows_name()
     meta["rows"] = [[rows_name, len(live), 0]]
     try:
-        if plan is not None:
-            index.write_and_adopt(plan, io, store.dir)
+        flush_index()
         columns = store.table.segment_columns(live, text_locs, rec_sizes)
         snapshot.write_row_columns(io, os.path.join(store.dir, rows_name), columns, (), session_metas, checkpoints)
         io.sync_dir(store.dir)
         snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, (), index.dump())
     except BaseException:
         # nothing names them (the caller discards the other temps)
-        for name in ([plan.name] if plan is not None else []) + [rows_name]:
-            _quiet_remove(io, os.path.join(store.dir, name))
+        _remove_names(io, store.dir, [*written, rows_name])
         raise
     return Prepared(salt, size, len(live), len(checkpoint), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
@@ -256,6 +271,11 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
         "bytes_before": p.bytes_before,
         "bytes_after": p.log_size,
     }
+
+
+def _remove_names(io, directory: str, names: Sequence[str]) -> None:
+    for name in names:
+        _quiet_remove(io, os.path.join(directory, name))
 
 
 def _quiet_remove(io, path: str) -> None:

@@ -115,7 +115,17 @@ def rebuild_call_count(template, tmp_path) -> int:
     return io.count
 
 
-def test_exception_at_every_step_of_a_rebuild(tmp_path, template):
+@pytest.fixture(params=["one segment", "a segment every 3 messages"])
+def flushing(request, monkeypatch):
+    """A rebuild writes its index a segment at a time past REBUILD_FLUSH_BYTES (merged as it goes):
+    each test below runs with the template's index in one segment, and with one every 3 messages."""
+    if request.param != "one segment":
+        monkeypatch.setattr(compaction, "FLUSH_CHECK_EVERY", 3)
+        monkeypatch.setattr(compaction, "REBUILD_FLUSH_BYTES", 1)
+    return request.param
+
+
+def test_exception_at_every_step_of_a_rebuild(tmp_path, template, flushing):
     total = rebuild_call_count(template, tmp_path)
     seen = set()
     for k in range(total + 1):
@@ -160,7 +170,7 @@ def test_exception_at_every_step_of_a_rebuild(tmp_path, template):
 
 
 @pytest.mark.parametrize("seed", [*range(4), *(pytest.param(s, marks=pytest.mark.slow) for s in range(4, 100))])
-def test_power_cut_at_every_step_of_a_rebuild(tmp_path, template, seed):
+def test_power_cut_at_every_step_of_a_rebuild(tmp_path, template, seed, flushing):
     total = rebuild_call_count(template, tmp_path)
     seen = set()
     for k in range(total + 1):
@@ -193,7 +203,7 @@ def test_writes_after_a_rebuild_survive_a_power_cut(tmp_path, template):
         s.close()
 
 
-def test_failed_rebuild_leaves_no_temporary_files(tmp_path, template):
+def test_failed_rebuild_leaves_no_temporary_files(tmp_path, template, flushing):
     total = rebuild_call_count(template, tmp_path)
     for k in range(total):
         d = fresh_copy(template, str(tmp_path / f"t{k}"))

@@ -100,3 +100,65 @@ def test_a_failed_worker_reports_the_contracts_error_and_leaves_no_temps(tmp_pat
     assert not {"log.compact", "snapshot.tmp", layout.REBUILD_RESULT} & set(os.listdir(d))
     assert not [n for n in os.listdir(d) if n.endswith(".seg")]  # no segment was named by anything
     s.close()
+
+
+def test_a_rebuild_writes_its_index_a_segment_at_a_time_with_the_same_answers(tmp_path, monkeypatch):
+    # a rebuild's worker that built the whole index in memory passed 24 GB at 5M events (killed by the
+    # kernel): it writes a segment whenever its lists pass REBUILD_FLUSH_BYTES, merged as it goes;
+    # the store it installs answers as one built in one piece, and keeps only the files it names
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    s = _store(a)
+    s.close()
+    shutil.copytree(a, b)
+    sa = Store.open(a)
+    compaction.rebuild(sa)
+    monkeypatch.setattr(compaction, "FLUSH_CHECK_EVERY", 4)
+    monkeypatch.setattr(compaction, "REBUILD_FLUSH_BYTES", 1)
+    flushed = []
+    real = compaction.SearchIndex.write_and_adopt
+    monkeypatch.setattr(compaction.SearchIndex, "write_and_adopt",
+                        lambda self, plan, io, d: (flushed.append(plan.name), real(self, plan, io, d))[1])
+    sb = Store.open(b)
+    assert compaction.run_child(sb) == 0
+    kind, prepared = compaction.read_result(sb)
+    assert kind == "ok" and len(flushed) >= 10
+    compaction.install(sb, prepared)
+    compaction.discard(sb)
+    assert live_state(sb) == live_state(sa)
+    queries = ("tokyo7", "日本語", "edited", "message", "tokyo1 message", "t2")
+    for q in queries:
+        assert search(sb, query=q) == search(sa, query=q)
+    named = set(sb.snapshot_segments)
+    on_disk = {n for n in os.listdir(b) if n.startswith(("index.", "rows."))}
+    assert on_disk == named  # (the small segments merged into one as they came: the plan's policy)
+    sb.close()
+    sb = Store.open(b)
+    for q in queries:
+        assert search(sb, query=q) == search(sa, query=q)
+    sa.close()
+    sb.close()
+
+
+def test_a_rebuild_that_fails_between_its_segments_leaves_none_of_them(tmp_path, monkeypatch):
+    d = str(tmp_path / "d")
+    s = _store(d)
+    s.close()
+    before = sorted(os.listdir(d))
+    monkeypatch.setattr(compaction, "FLUSH_CHECK_EVERY", 4)
+    monkeypatch.setattr(compaction, "REBUILD_FLUSH_BYTES", 1)
+    calls = []
+    real = compaction.SearchIndex.write_and_adopt
+
+    def third_fails(self, plan, io, directory):
+        calls.append(plan.name)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(self, plan, io, directory)
+
+    monkeypatch.setattr(compaction.SearchIndex, "write_and_adopt", third_fails)
+    s = Store.open(d)
+    state = live_state(s)
+    with pytest.raises(OSError):
+        compaction.rebuild(s)
+    assert sorted(os.listdir(d)) == before and live_state(s) == state
+    s.close()
