@@ -93,6 +93,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
         if plan is not None:
             written.append(plan.name)
             index.write_and_adopt(plan, io, store.dir)
+            index.drop_retired()  # (the lists it replaced: no request loop here frees them in steps)
 
     fd = io.open_new(tmp_log)
     try:

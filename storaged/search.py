@@ -1761,6 +1761,11 @@ class SearchIndex:
         io.sync_dir(directory)
         return path
 
+    def drop_retired(self) -> None:
+        """Free at once the frozen lists segments replaced: for a process with no request loop to keep
+        responsive (a rebuild's worker), where release_step would never run and they would pile up."""
+        self._retired.clear()
+
     def release_step(self, busy: bool = False) -> None:
         """Free one bounded chunk of the frozen lists segments replaced (see idle_step); the daemon
         also calls it after each batch of requests (``busy``: small chunks for up to _RELEASE_BUSY_S,

@@ -162,3 +162,27 @@ def test_a_rebuild_that_fails_between_its_segments_leaves_none_of_them(tmp_path,
         compaction.rebuild(s)
     assert sorted(os.listdir(d)) == before and live_state(s) == state
     s.close()
+
+
+def test_a_rebuilds_worker_frees_the_lists_its_segments_replaced_at_once(tmp_path, monkeypatch):
+    # the daemon frees a segment's replaced lists in steps between requests; a rebuild's worker has no
+    # loop that would, and held every list it had written (5 GB and growing at 5M events)
+    d = str(tmp_path / "d")
+    _store(d).close()
+    monkeypatch.setattr(compaction, "FLUSH_CHECK_EVERY", 4)
+    monkeypatch.setattr(compaction, "REBUILD_FLUSH_BYTES", 1)
+    s = Store.open(d)
+    held = []
+    real = compaction.SearchIndex.write_and_adopt
+
+    def spy(self, plan, io, directory):
+        real(self, plan, io, directory)
+        held.append(self._retired)  # the list itself: what is in it when the rebuild is done
+
+    monkeypatch.setattr(compaction.SearchIndex, "write_and_adopt", spy)
+    p = compaction.prepare(s)
+    assert len(held) >= 10 and not any(held) and not p.search._retired
+    compaction.discard(s)
+    for name in p.search.segment_names() + [p.rows_name]:
+        os.remove(os.path.join(d, name))
+    s.close()
