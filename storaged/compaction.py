@@ -90,10 +90,18 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
 
     def flush_index() -> None:
         plan = index.plan()
-        if plan is not None:
-            written.append(plan.name)
-            index.write_and_adopt(plan, io, store.dir)
-            index.drop_retired()  # (the lists it replaced: no request loop here frees them in steps)
+        if plan is None:
+            return
+        written.append(plan.name)
+        index.write_and_adopt(plan, io, store.dir)
+        index.drop_retired()  # (the lists it replaced: no request loop here frees them in steps)
+        # its own segments this one merged: nothing names them (no snapshot yet), so they go now (left
+        # to the install's collection, every merge's inputs stayed on disk to the end). Only unlinked:
+        # their blocks go with the mapping (a cut file's mapping faults when read)
+        named = set(index.segment_names())
+        for name in [n for n in written if n not in named]:
+            written.remove(name)
+            _quiet_remove(io, os.path.join(store.dir, name))
 
     fd = io.open_new(tmp_log)
     try:

@@ -180,8 +180,11 @@ def test_a_rebuilds_worker_frees_the_lists_its_segments_replaced_at_once(tmp_pat
         held.append(self._retired)  # the list itself: what is in it when the rebuild is done
 
     monkeypatch.setattr(compaction.SearchIndex, "write_and_adopt", spy)
+    old = {n for n in os.listdir(d) if n.startswith("index.")}
     p = compaction.prepare(s)
     assert len(held) >= 10 and not any(held) and not p.search._retired
+    # nor does it keep the files of its own segments it merged into later ones: nothing names them
+    assert {n for n in os.listdir(d) if n.startswith("index.")} == old | set(p.search.segment_names())
     compaction.discard(s)
     for name in p.search.segment_names() + [p.rows_name]:
         os.remove(os.path.join(d, name))
