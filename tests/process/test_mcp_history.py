@@ -9,6 +9,7 @@ retry hint while the daemon is still loading, and how many bytes an agent receiv
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,7 @@ async def test_read_model_refresh_while_the_daemon_loads(data_dir: Path, home: P
     from protocol.config import default_endpoint
 
     env = daemon_env({"CONVMEM_FAULT_LOAD_DELAY_S": "4"})
-    proc = procs.start(["python", "-m", "storaged", "--data-dir", str(data_dir)], env)
+    proc = procs.start([sys.executable, "-m", "storaged", "--data-dir", str(data_dir)], env)
     procs.watch_data_dir(data_dir)
     endpoint = default_endpoint(str(data_dir), {})
     with ZClient(endpoint, timeout_ms=2000, retries=20) as z:
