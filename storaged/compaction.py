@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import time
 import traceback
 from array import array
@@ -333,28 +334,41 @@ def failure_reply(exc: BaseException) -> dict[str, Any]:
     return error_reply(E.INTERNAL_ERROR, "rebuild failed; the store is unchanged")
 
 
+# the worker's result file: a u64 (this byte order) giving the length of a msgpack head, the head, then —
+# for a rebuild that succeeded — RESULT_ARRAYS, the head's "count" u64s each, raw, one after the other
+RESULT_HEAD = struct.Struct("=Q")
+RESULT_ARRAYS = ("rec_sizes", "loc_pos", "loc_rest", "seqs")
+# bytes of the arrays the request loop reads a turn (~4 ms); at 5M events they are ~170 MB, which read
+# and decoded at once held the loop 217-229 ms
+RESULT_CHUNK = 16 << 20
+
+
 def run_child(store: Store) -> int:
     """The body of a rebuild's worker, in a forked child of the daemon: ``prepare``, then what the
-    daemon needs to install it (or the failure) in ``result_path``, read by ``read_result`` once the
-    child has exited 0."""
+    daemon needs to install it (or the failure) in ``result_path`` (RESULT_HEAD), read by
+    ``read_result`` once the child has exited 0."""
+    arrays: list[bytes] = []
     try:
         p = prepare(store)
         pos, rest = PackedLocations.pack(p.text_locs)
+        arrays = [array("Q", p.rec_sizes).tobytes(), pos, rest, memoryview(p.seqs).cast("B")]
         result: dict[str, Any] = {"ok": {
             "salt": p.salt, "log_size": p.log_size, "record_count": p.record_count,
-            "checkpoint_bytes": p.checkpoint_bytes, "rec_sizes": array("Q", p.rec_sizes).tobytes(),
-            "loc_pos": pos, "loc_rest": rest, "meta_sizes": list(p.meta_sizes.items()),
+            "checkpoint_bytes": p.checkpoint_bytes, "count": len(p.seqs), "meta_sizes": list(p.meta_sizes.items()),
             "checkpoint_sizes": [[src, key, n] for (src, key), n in p.checkpoint_sizes.items()],
             "index": p.search.dump(), "records_removed": p.records_removed, "bytes_before": p.bytes_before,
-            "seconds": p.seconds, "rids": p.rids, "seqs": memoryview(p.seqs).cast("B"), "rows_name": p.rows_name,
+            "seconds": p.seconds, "rids": p.rids, "rows_name": p.rows_name,
         }}
     except Exception as exc:
+        arrays = []
         result = {"error": failure_reply(exc), "corrupt": store.corrupt,
                   "traceback": None if isinstance(exc, OSError) else traceback.format_exc()}
-    data = msgpack.packb(result, use_bin_type=True)
+    head = msgpack.packb(result, use_bin_type=True)
     fd = store.io.open_new(result_path(store))
     try:
-        store.io.write(fd, data)
+        store.io.write(fd, RESULT_HEAD.pack(len(head)) + head)
+        for raw in arrays:
+            store.io.write(fd, raw)
     finally:
         store.io.close(fd)
     return 0
@@ -365,36 +379,63 @@ def read_result(store: Store) -> tuple[str, Any]:
     return run_steps(read_result_steps(store))
 
 
+def _refused(what: str) -> tuple[str, Any]:
+    return "error", error_reply(E.INTERNAL_ERROR, f"rebuild's worker {what}; the store is unchanged")
+
+
 def read_result_steps(store: Store) -> Generator[None, None, tuple[str, Any]]:
-    """("ok", Prepared) or ("error", reply) from a worker that exited 0 (``run_child``), in two steps
-    the request loop runs in separate turns (the file read and decoded; the index mapped): at 275k
-    messages the whole took 55-60 ms at once, most of it first touches of fresh memory. The worker
-    wrote the store's own messages, from the same frozen state: checked by their count and the last
-    seq. A worker that found a damaged text has the store marked damaged here too. The index's
-    segment is mapped without reading it whole (its writer has just fsynced it)."""
+    """("ok", Prepared) or ("error", reply) from a worker that exited 0 (``run_child``), in steps the
+    request loop runs in separate turns: the head; the arrays RESULT_CHUNK bytes a turn (read, not
+    mapped: a mapping's first touches cost more than the copy); the index mapped and its per-slot
+    tables copied a segment a turn (SearchIndex.load_steps). The worker wrote
+    the store's own messages, from the same frozen state: checked by their count and the last seq. A
+    worker that found a damaged text has the store marked damaged here too. The index's segments are
+    mapped without reading them whole (their writer has just fsynced them)."""
     io = store.io
     fd = io.open_read(result_path(store))
-    try:  # read, not mapped: a mapping's first touches cost more than the copy
-        result = msgpack.unpackb(io.pread(fd, os.fstat(fd).st_size, 0), raw=False, use_list=True)
+    try:
+        size = os.fstat(fd).st_size
+        first = io.pread(fd, RESULT_HEAD.size, 0)
+        if len(first) != RESULT_HEAD.size:
+            return _refused("left a truncated result")
+        (n,) = RESULT_HEAD.unpack(first)
+        raw_head = io.pread(fd, n, RESULT_HEAD.size) if n <= size else b""
+        if len(raw_head) != n:
+            return _refused("left a truncated result")
+        result = msgpack.unpackb(raw_head, raw=False, use_list=True)
+        if "error" in result:
+            if result.get("traceback"):
+                LOG.error("rebuild failed:\n%s", result["traceback"])
+            if result.get("corrupt") and store.corrupt is None:
+                store._set_corrupt(result["corrupt"])
+                LOG.error("%s", store.last_error)
+            return "error", result["error"]
+        r = result["ok"]
+        count = r["count"]
+        at = RESULT_HEAD.size + n
+        if size != at + 8 * count * len(RESULT_ARRAYS):
+            return _refused("left a result of the wrong size")
+        got: dict[str, array] = {}
+        for name in RESULT_ARRAYS:
+            a = got[name] = array("Q")
+            end = at + 8 * count
+            while at < end:
+                yield
+                chunk = io.pread(fd, min(RESULT_CHUNK, end - at), at)
+                if not chunk:
+                    return _refused("left a truncated result")
+                a.frombytes(chunk)
+                at += len(chunk)
     finally:
         io.close(fd)
-    if "error" in result:
-        if result.get("traceback"):
-            LOG.error("rebuild failed:\n%s", result["traceback"])
-        if result.get("corrupt") and store.corrupt is None:
-            store._set_corrupt(result["corrupt"])
-            LOG.error("%s", store.last_error)
-        return "error", result["error"]
-    r = result["ok"]
-    seqs = memoryview(r["seqs"]).cast("Q")
+    seqs = got["seqs"]
     by_seq = store.by_seq
     if len(seqs) != len(by_seq) or len(seqs) != r["record_count"] or (seqs and seqs[-1] != next(reversed(by_seq))):
-        return "error", error_reply(E.INTERNAL_ERROR, "rebuild's worker saw other messages than the store holds; "
-                                                      "the store is unchanged")
+        return _refused("saw other messages than the store holds")
     yield
-    search = SearchIndex.load(r["index"], store.dir, store.io, verify=False)
+    search = yield from SearchIndex.load_steps(r["index"], store.dir, store.io, verify=False)
     return "ok", Prepared(
-        r["salt"], r["log_size"], r["record_count"], r["checkpoint_bytes"], memoryview(r["rec_sizes"]).cast("Q"),
-        PackedLocations(r["loc_pos"], r["loc_rest"]), dict(r["meta_sizes"]),
-        {(src, key): n for src, key, n in r["checkpoint_sizes"]}, search, len(seqs), r["records_removed"],
-        r["bytes_before"], r["seconds"], r["rids"], seqs, r["rows_name"])
+        r["salt"], r["log_size"], r["record_count"], r["checkpoint_bytes"], got["rec_sizes"],
+        PackedLocations(memoryview(got["loc_pos"]).cast("B"), memoryview(got["loc_rest"]).cast("B")),
+        dict(r["meta_sizes"]), {(src, key): n for src, key, n in r["checkpoint_sizes"]}, search, len(seqs),
+        r["records_removed"], r["bytes_before"], r["seconds"], r["rids"], seqs, r["rows_name"])

@@ -169,8 +169,12 @@ def test_exception_at_every_step_of_a_rebuild(tmp_path, template, flushing):
     assert seen == {"old", "new"}
 
 
-@pytest.mark.parametrize("seed", [*range(4), *(pytest.param(s, marks=pytest.mark.slow) for s in range(4, 100))])
-def test_power_cut_at_every_step_of_a_rebuild(tmp_path, template, seed, flushing):
+@pytest.mark.parametrize("seed,flushes", [*((s, f) for s in range(4) for f in (False, True)),
+                                          *(pytest.param(s, s % 2 == 1, marks=pytest.mark.slow) for s in range(4, 100))])
+def test_power_cut_at_every_step_of_a_rebuild(tmp_path, template, seed, flushes, monkeypatch):
+    if flushes:  # a rebuild that writes its index a segment every 3 messages (see ``flushing``)
+        monkeypatch.setattr(compaction, "FLUSH_CHECK_EVERY", 3)
+        monkeypatch.setattr(compaction, "REBUILD_FLUSH_BYTES", 1)
     total = rebuild_call_count(template, tmp_path)
     seen = set()
     for k in range(total + 1):

@@ -189,3 +189,33 @@ def test_a_rebuilds_worker_frees_the_lists_its_segments_replaced_at_once(tmp_pat
     for name in p.search.segment_names() + [p.rows_name]:
         os.remove(os.path.join(d, name))
     s.close()
+
+
+def test_the_result_is_read_a_chunk_a_turn_and_a_truncated_one_is_refused(tmp_path, monkeypatch):
+    # at 5M events the result's arrays are ~170 MB: read and decoded at once they held the request loop
+    # 217-229 ms; they are read RESULT_CHUNK bytes a turn of the loop (a step of the generator)
+    d = str(tmp_path / "d")
+    _store(d).close()
+    s = Store.open(d)
+    assert compaction.run_child(s) == 0
+    path = compaction.result_path(s)
+    size = os.path.getsize(path)
+    monkeypatch.setattr(compaction, "RESULT_CHUNK", 64)
+    steps = compaction.read_result_steps(s)
+    turns = 0
+    try:
+        while True:
+            next(steps)
+            turns += 1
+    except StopIteration as stop:
+        kind, prepared = stop.value
+    assert kind == "ok" and turns >= 4 * (8 * prepared.record_count // 64)
+    assert list(prepared.seqs) == list(s.by_seq)
+    with open(path, "r+b") as f:
+        f.truncate(size - 8)
+    kind, reply = compaction.read_result(s)
+    assert kind == "error" and "wrong size" in reply["error"]["message"]
+    compaction.discard(s)
+    for name in prepared.search.segment_names() + [prepared.rows_name]:
+        os.remove(os.path.join(d, name))
+    s.close()
