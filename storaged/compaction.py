@@ -347,11 +347,11 @@ def run_child(store: Store) -> int:
     """The body of a rebuild's worker, in a forked child of the daemon: ``prepare``, then what the
     daemon needs to install it (or the failure) in ``result_path`` (RESULT_HEAD), read by
     ``read_result`` once the child has exited 0."""
-    arrays: list[bytes] = []
+    arrays: list[bytes | memoryview] = []
     try:
         p = prepare(store)
         pos, rest = PackedLocations.pack(p.text_locs)
-        arrays = [array("Q", p.rec_sizes).tobytes(), pos, rest, memoryview(p.seqs).cast("B")]
+        arrays = [memoryview(p.rec_sizes).cast("B"), pos, rest, memoryview(p.seqs).cast("B")]
         result: dict[str, Any] = {"ok": {
             "salt": p.salt, "log_size": p.log_size, "record_count": p.record_count,
             "checkpoint_bytes": p.checkpoint_bytes, "count": len(p.seqs), "meta_sizes": list(p.meta_sizes.items()),

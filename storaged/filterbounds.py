@@ -30,8 +30,6 @@ import numpy as np
 # the bytes of bound rows kept (each a byte a window of its segment: ~6 KB at 5M events); past it,
 # the least recently used go. Enough for every bounded list of a 5M-event index under one filter.
 CACHE_BYTES = 48 << 20
-
-
 # a kept row's Python objects beside its bytes (its key, tuple, array header; measured ~360 B)
 ROW_OVERHEAD = 400
 # filters whose verdict by slot is kept (a byte a slot: 5 MB at 5M events each)
@@ -50,9 +48,6 @@ class FilteredBounds:
         self._bytes = 0
         self._masks: OrderedDict[tuple, list] = OrderedDict()  # fkey → [buffer, slots made]
         self.made = 0  # rows made (not found): what a test or a bench reads
-
-    def __len__(self) -> int:
-        return len(self._rows)
 
     @property
     def nbytes(self) -> int:

@@ -1881,12 +1881,13 @@ class SearchIndex:
         """Make ``step`` more slots' verdicts of a filter that has a ``cache_key`` (what a search
         under it keeps: FilteredBounds.kept); True while slots remain. The daemon's idle steps run
         it for the usual search's filter, so its first query after a start does not make the lot."""
-        n = len(self._slot_doc)
-        slot_doc = np.frombuffer(self._slot_doc, np.uint64)  # dropped at once: add() must grow it
-        key = accept_docs.cache_key
-        got = len(self._filtered.kept(key, slot_doc, accept_docs, upto=self._filtered.covered(key) + step))
-        del slot_doc
-        return got < n
+        upto = self._filtered.covered(accept_docs.cache_key) + step
+        return len(self._kept(accept_docs, upto)) < len(self._slot_doc)
+
+    def _kept(self, accept_docs, upto: int | None = None) -> np.ndarray:
+        """FilteredBounds.kept of a keyed filter over this index's slots (all, or the first ``upto``)."""
+        slot_doc = np.frombuffer(self._slot_doc, np.uint64)  # dropped on return: add() must grow it
+        return self._filtered.kept(accept_docs.cache_key, slot_doc, accept_docs, upto)
 
     def _prefix_step(self) -> _PrefixVocab | None:
         """Advance the prefix list's build (or a rebuild) by one bounded step (see _PrefixVocab);
@@ -2181,9 +2182,8 @@ class SearchIndex:
             # the bounds prune too little for this query: the paths below read its lists whole
         if rem_size[0] <= _ARRAY_POSTINGS:
             return self._pool_arrays(lists, limit, ok if accept is not None else None, accept_docs)
-        fkey = getattr(accept_docs, "cache_key", None)
-        if fkey is not None:  # past the budget, yet the postings the filter keeps may be within it
-            got = self._pool_arrays_kept(lists, limit, accept_docs, fkey, _ARRAY_POSTINGS)
+        if getattr(accept_docs, "cache_key", None) is not None:  # past the budget, yet the postings it keeps may fit
+            got = self._pool_arrays_kept(lists, limit, accept_docs, _ARRAY_POSTINGS)
             if got is not None:
                 return got
         rem = [0.0] * (n + 1)  # rem[i]: the most lists[i:] can add to one doc
@@ -2261,9 +2261,8 @@ class SearchIndex:
         is then picked as _top_pool does: `ok` (None: no filter, liveness checked in C) asked
         best-first, about as few docs as it can."""
         impacts = self._impacts
-        fkey = getattr(accept_docs, "cache_key", None)
-        if fkey is not None:
-            return self._pool_arrays_kept(lists, limit, accept_docs, fkey)
+        if getattr(accept_docs, "cache_key", None) is not None:
+            return self._pool_arrays_kept(lists, limit, accept_docs)
         table = getattr(lists[0], "table", None)
         if all(type(tl) is _TermList and tl.table is table for tl in lists) and id(table) in impacts:
             # one field's terms (the usual query): one table lookup and one product for them all
@@ -2338,7 +2337,7 @@ class SearchIndex:
                 totals.append(v)
         return pool, totals, lists, scorer
 
-    def _pool_arrays_kept(self, lists: list, limit: int, accept_docs, fkey: tuple, budget: int | None = None
+    def _pool_arrays_kept(self, lists: list, limit: int, accept_docs, budget: int | None = None
                           ) -> tuple[list[int], list[float], list, "QueryScores"] | None:
         """_pool_arrays() under a filter that has a ``cache_key``: only the postings of the slots
         it keeps (storaged/filterbounds.py's mask, one byte a slot) are summed. A doc's postings are
@@ -2349,9 +2348,7 @@ class SearchIndex:
         events; summing only those takes the query from ~60 ms to a few. The scorer it returns
         probes the lists (it has no sums for the docs the filter dropped)."""
         impacts = self._impacts
-        slot_doc = np.frombuffer(self._slot_doc, np.uint64)  # dropped below: add() must grow it
-        kept = self._filtered.kept(fkey, slot_doc, accept_docs)
-        del slot_doc
+        kept = self._kept(accept_docs)
         parts_s, parts_v = [], []
         total = 0
         for tl in lists:
@@ -2538,9 +2535,7 @@ class SearchIndex:
         own bounds (``scales``: its factor; over all docs, so over the accepted ones too), so a client
         that asks a new filter with every query never makes one read every list whole."""
         q_now = self._field_q(field)
-        slot_doc = np.frombuffer(self._slot_doc, np.uint64)  # dropped at once: add() must grow it
-        kept = self._filtered.kept(fkey, slot_doc, accept_docs)
-        del slot_doc
+        kept = self._kept(accept_docs)
         out = np.zeros(group.n_win)
         for j, row in enumerate(rows.tolist()):
             a, b = int(starts[j, 0]), int(starts[j, -1])

@@ -77,6 +77,20 @@ def both(monkeypatch, fn, first=4, give_up=10.0):
     return windows, arrays
 
 
+def answered(monkeypatch, name: str) -> list[bool]:
+    """Spy on SearchIndex.<name>, a kernel that may hand a query on (None): per call, whether it answered."""
+    out: list[bool] = []
+    real = getattr(S.SearchIndex, name)
+
+    def spy(self, *a, **kw):
+        got = real(self, *a, **kw)
+        out.append(got is not None)  # None: handed to the paths that read every list
+        return got
+
+    monkeypatch.setattr(S.SearchIndex, name, spy)
+    return out
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     mp = pytest.MonkeyPatch()
@@ -358,15 +372,7 @@ def test_a_filter_over_arrays_of_docs_takes_the_window_kernel_with_the_same_answ
     # search_sessions filters by event type over whole arrays of docs (accept_docs): the window kernel
     # asks it about the docs of the windows it reads and cuts at the limit-th best acceptable score
     ix, _, queries = corpus
-    taken = []
-    real = S.SearchIndex._pool_windows
-
-    def spy(self, *a, **kw):
-        out = real(self, *a, **kw)
-        taken.append(out is not None)  # None: handed to the paths that read every list
-        return out
-
-    monkeypatch.setattr(S.SearchIndex, "_pool_windows", spy)
+    taken = answered(monkeypatch, "_pool_windows")
     for name, keep in (("a third", lambda d: d % 3 == 0), ("one in 40", lambda d: d % 40 == 7), ("none", lambda d: False)):
         accept = lambda d, keep=keep: bool(keep(d))  # noqa: E731
         accept_docs = lambda docs, keep=keep: keep(docs)  # noqa: E731
@@ -448,15 +454,7 @@ def test_a_filter_with_a_key_gives_the_answers_of_one_without(corpus, monkeypatc
     # sums only the postings of the slots it keeps: the same pool and scores to the bit as a filter
     # the index learns nothing of, asked of the docs it reached
     ix, _, queries = corpus
-    taken = []
-    real = S.SearchIndex._pool_windows
-
-    def spy(self, *a, **kw):
-        out = real(self, *a, **kw)
-        taken.append(out is not None)
-        return out
-
-    monkeypatch.setattr(S.SearchIndex, "_pool_windows", spy)
+    taken = answered(monkeypatch, "_pool_windows")
     made = ix._filtered.made
     for i, (name, keep) in enumerate(FILTERS):
         accept = lambda d, keep=keep: bool(keep(d))  # noqa: E731
@@ -525,15 +523,7 @@ def test_a_filtered_query_past_the_array_budget_sums_its_kept_postings_if_they_f
     ix, _, queries = corpus
     monkeypatch.setattr(S, "_WINDOW_MIN_POSTINGS", 10**12)
     monkeypatch.setattr(S, "_SCAN_BUDGET", 10**12)  # MaxScore reads every list: exact
-    outcomes = []
-    real = S.SearchIndex._pool_arrays_kept
-
-    def spy(self, *a, **kw):
-        out = real(self, *a, **kw)
-        outcomes.append(out is not None)
-        return out
-
-    monkeypatch.setattr(S.SearchIndex, "_pool_arrays_kept", spy)
+    outcomes = answered(monkeypatch, "_pool_arrays_kept")
     for i, (name, keep) in enumerate(FILTERS[:2]):
         accept = lambda d, keep=keep: bool(keep(d))  # noqa: E731
         fast = keyed(keep, ("budget", i))
