@@ -91,7 +91,7 @@ from typing import Any, Callable, Generator, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from protocol.requests import run_steps
-from storaged.filterbounds import FilteredBounds, accepted_maxima
+from storaged.filterbounds import FilteredBounds, accepted_row
 from storaged.segment import (Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name,
                               window_range as segment_window_range, write as segment_write)
 from storaged.tokenize import index_terms, query_runs
@@ -832,13 +832,14 @@ class _WindowScores(QueryScores):
     every per-field breakdown are probed in the query's lists (a binary search per doc and list,
     in C), adding each list's contribution in list order: the same sums as the kernel's."""
 
-    __slots__ = ("_sources", "_done", "postings_read")
+    __slots__ = ("_sources", "_done", "_kept", "postings_read")
 
     def __init__(self, index: "SearchIndex", lists: list, sources: list, done: np.ndarray,
-                 slots: np.ndarray, scores: np.ndarray, postings_read: int) -> None:
+                 slots: np.ndarray, scores: np.ndarray, postings_read: int, kept: np.ndarray | None = None) -> None:
         super().__init__(index, lists, {}, len(lists), (slots, scores, None, None, None))
         self._sources = sources
         self._done = done
+        self._kept = kept  # under a keyed filter: the slots whose postings the kernel summed
         self.postings_read = postings_read  # what the kernel scored (bench/search_kernels.py reports it)
 
     def _lookup(self, slots: np.ndarray) -> np.ndarray:
@@ -846,6 +847,10 @@ class _WindowScores(QueryScores):
         win = slots >> _WINDOW_SHIFT
         read = (slots >= 0) & (win < len(self._done))
         read[read] = self._done[win[read]]
+        if self._kept is not None:  # a slot the filter drops was not summed, window read or not
+            k = self._kept
+            read &= slots < len(k)
+            read[read] = k[slots[read]]
         out = super()._lookup(np.where(read, slots, -1))
         other = np.flatnonzero(~read & (slots >= 0))
         if len(other):
@@ -2401,22 +2406,27 @@ class SearchIndex:
         top = np.flatnonzero(live)
         return touched[top].tolist(), scores[top].tolist(), lists, scorer
 
-    def _window_sources(self, lists: list, accept_docs=None) -> tuple[list, list, tuple, np.ndarray, np.ndarray]:
-        """(sources, bounded, bulk, bound, count) of a query's lists for the window kernel.
+    def _window_sources(self, lists: list, accept_docs=None) -> tuple[list, list, tuple, np.ndarray, np.ndarray,
+                                                                      np.ndarray | None]:
+        """(sources, bounded, bulk, bound, count, kept) of a query's lists for the window kernel.
 
         ``sources``: per list, in order, (slots, keys, w, impacts, values) — slots ascending; for a
         term list keys/w/impacts (its contributions are impacts[keys] * w, as the array kernel
         computes them), else values.  ``bounded``: the lists with bounds, a group per segment and
         field (storaged/segment.py's WindowGroup): (list numbers, starts, w per list, impacts, the
-        field's slots and keys, first window, windows) — list j's postings of window ``first + i``
-        are the field's [starts[j, i], starts[j, i + 1]).  ``bulk``: the other lists' postings, which
+        field's slots and keys, first window, windows, kept rows) — list j's postings of window
+        ``first + i`` are the field's [starts[j, i], starts[j, i + 1]); under a keyed filter, the
+        lists whose rows over its docs are made are in ``kept rows`` instead (_accepted_bounds), and
+        only their kept postings are gathered.  ``bulk``: the other lists' postings, which
         are short or in memory, as one set of arrays (slots, values, list number, window), lists in
         order.  ``bound``: per window of the index, what all the lists together can add to one of
         its docs: a list with bounds adds them (times the drift of the field's average since its
         segment was written), any other one its exact highest contribution in each window; with
         an ``accept_docs`` that has a ``cache_key`` (Store.etype_filter), a list with bounds adds
-        its bounds over the docs the filter keeps (storaged/filterbounds.py) instead.
-        ``count``: per window, the query's postings there."""
+        its bounds over the docs the filter keeps (storaged/filterbounds.py) instead, and only the
+        kept slots' postings of the other lists are in ``bulk``. ``count``: per window, the query's
+        postings there (under a keyed filter, the ones the kernel will gather). ``kept``: that
+        filter's verdict by slot, or None."""
         shift = _WINDOW_SHIFT
         nwin = (len(self._slot_doc) >> shift) + 1
         bound = np.zeros(nwin)
@@ -2472,6 +2482,7 @@ class SearchIndex:
                 bulk_v[i] = vals  # put in place below (its keys and w: zeros)
                 to_bulk(i, sl, np.zeros(len(sl), np.uint16), 0.0, None)
         fkey = getattr(accept_docs, "cache_key", None)
+        kept = self._kept(accept_docs) if fkey is not None else None
         making = [_FILTER_BOUNDS_BUDGET]  # postings this query may read to make bounds over the filter's docs
         for group, imp, field, members in grouped.values():
             # a segment field's lists at once: their bounds a row each summed into the windows, and
@@ -2491,13 +2502,18 @@ class SearchIndex:
                 nums, rows, ws, scales, cnt, starts = nums[keep], rows[keep], ws[keep], scales[keep], cnt[keep], starts[keep]
                 if not len(nums):
                     continue
+            krows: list[tuple] = []
             if fkey is None:
                 bound[w_lo:w_lo + n] += scales @ group.bval[rows]
             else:
-                bound[w_lo:w_lo + n] += self._accepted_bounds(group, imp, field, rows, starts, ws, scales,
-                                                              accept_docs, fkey, making)
+                add, full, krows = self._accepted_bounds(group, imp, field, nums, rows, starts, ws, scales,
+                                                         kept, fkey, making)
+                bound[w_lo:w_lo + n] += add
+                nums, ws, cnt, starts = nums[full], ws[full], cnt[full], starts[full]
+                for *_, kstarts in krows:
+                    count[w_lo:w_lo + n] += np.diff(kstarts)
             count[w_lo:w_lo + n] += cnt.sum(axis=0)
-            bounded.append((nums.astype(np.int16), starts, ws, imp, group.slots, group.keys, w_lo, n))
+            bounded.append((nums.astype(np.int16), starts, ws, imp, group.slots, group.keys, w_lo, n, krows))
         if sum(bulk_len):  # (a CJK phrase bonus may hold no doc)
             if any(a > b for a, b in zip(bulk_n, bulk_n[1:])):  # lists moved here from a group: in order
                 order = sorted(range(len(bulk_n)), key=bulk_n.__getitem__)
@@ -2516,6 +2532,10 @@ class SearchIndex:
                     if i in bulk_v:
                         bv[at:at + size] = bulk_v[i]
                     at += size
+            if kept is not None:  # the kept slots' postings only: no other doc can be in the pool
+                on = kept[bs]
+                bs, bv, bn = bs[on], bv[on], bn[on]
+        if sum(bulk_len) and len(bs):
             bw = bs >> shift
             cell = bn.astype(np.int64) * nwin + bw  # ascending: lists in order, each in slot order
             first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
@@ -2524,33 +2544,43 @@ class SearchIndex:
             bulk = (bs, bv, bn, bw)
         else:
             bulk = None
-        return sources, bounded, bulk, bound, count
+        return sources, bounded, bulk, bound, count, kept
 
-    def _accepted_bounds(self, group, imp: np.ndarray, field: int, rows: np.ndarray, starts: np.ndarray,
-                         ws: np.ndarray, scales: np.ndarray, accept_docs, fkey: tuple, making: list[int]) -> np.ndarray:
-        """What the lists of ``rows`` (postings from ``starts[:, 0]`` to ``starts[:, -1]``, weights
-        ``ws``) of one segment field add to one accepted doc of each of its windows: their bounds
-        over the docs ``accept_docs`` keeps, made on first need and kept (self._filtered) while
-        ``making[0]`` postings last for this query — past it, a row not yet made adds the segment's
-        own bounds (``scales``: its factor; over all docs, so over the accepted ones too), so a client
-        that asks a new filter with every query never makes one read every list whole."""
+    def _accepted_bounds(self, group, imp: np.ndarray, field: int, nums: np.ndarray, rows: np.ndarray,
+                         starts: np.ndarray, ws: np.ndarray, scales: np.ndarray, kept: np.ndarray, fkey: tuple,
+                         making: list[int]) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+        """(add, full, krows) for the lists of ``rows`` (list numbers ``nums``, postings from
+        ``starts[:, 0]`` to ``starts[:, -1]``, weights ``ws``) of one segment field under the filter
+        whose verdicts by slot are ``kept``: ``add``, what they add to one kept doc of each window of
+        the group; ``krows``, per list whose row over the filter's docs is made (storaged/filterbounds.py,
+        kept in self._filtered; made on first need while ``making[0]`` postings last for this query)
+        and keeps some: (list number, w, its first posting, its kept postings' positions, their
+        starts by window) — the kernel gathers only those; ``full``, the rows past the budget, whose
+        windows are read whole: they add the segment's own bounds (``scales``: their factor; over
+        all docs, so over the kept ones too), so a client that asks a new filter with every query
+        never makes one read every list whole. A row that keeps nothing is in neither."""
         q_now = self._field_q(field)
-        kept = self._kept(accept_docs)
-        out = np.zeros(group.n_win)
+        add = np.zeros(group.n_win)
+        full = np.zeros(len(rows), bool)
+        krows = []
         for j, row in enumerate(rows.tolist()):
-            a, b = int(starts[j, 0]), int(starts[j, -1])
             got = self._filtered.get(group.ident, row, fkey)
             if got is None:
+                a, b = int(starts[j, 0]), int(starts[j, -1])
                 if b - a > making[0]:
-                    out += scales[j] * group.bval[row]
+                    add += scales[j] * group.bval[row]
+                    full[j] = True
                     continue
                 making[0] -= b - a
-                got = self._filtered.put(group.ident, row, fkey, q_now, *accepted_maxima(
-                    group.slots[a:b], group.keys[a:b], imp, kept, _WINDOW_SHIFT, group.w_lo, group.n_win))
-            q_then, top, cells = got
-            if top:
-                out += cells * (top / 255.0 * float(ws[j]) * _drift(q_then, q_now))
-        return out
+                got = self._filtered.put(group.ident, row, fkey, accepted_row(
+                    group.slots[a:b], group.keys[a:b], imp, kept, _WINDOW_SHIFT, group.w_lo, group.n_win, q_now))
+            if got.top:
+                w = float(ws[j])
+                add += got.cells * (got.top / 255.0 * w * _drift(got.q_then, q_now))
+                kstarts = np.zeros(group.n_win + 1, np.int64)
+                np.cumsum(got.counts, out=kstarts[1:])
+                krows.append((int(nums[j]), w, int(starts[j, 0]), got.at, kstarts))
+        return add, full, krows
 
     def _pool_windows(self, lists: list, limit: int,
                       accept_docs=None) -> tuple[list[int], list[float], list, "QueryScores"] | None:
@@ -2574,7 +2604,7 @@ class SearchIndex:
         it is the best of the windows read (every score exact; the array kernel's own budget)."""
         shift = _WINDOW_SHIFT
         wsize = 1 << shift
-        sources, bounded, bulk, bound, count = self._window_sources(lists, accept_docs)
+        sources, bounded, bulk, bound, count, kept = self._window_sources(lists, accept_docs)
         postings = int(count.sum())
         nwin = len(bound)
         cand = np.flatnonzero(bound > 0)
@@ -2586,6 +2616,9 @@ class SearchIndex:
         cut = -math.inf
         read = 0
         k = _WINDOW_FIRST
+        # under a keyed filter whose rows are all made, every posting gathered is a kept one: the
+        # windows left cost only theirs, less than the array kernel's pass over every posting
+        exact = kept is not None and not any(len(b[0]) for b in bounded)
         while len(cand):
             pick = cand[np.argpartition(-bound[cand], k)[:k]] if len(cand) > k else cand
             if read + int(count[pick].sum()) > _WINDOW_BUDGET:
@@ -2596,7 +2629,7 @@ class SearchIndex:
             done[chosen] = True
             k *= 4
             parts_s, parts_v, parts_n = [], [], []
-            for nums, starts, ws, imp, slots_all, keys_all, w_lo, n in bounded:
+            for nums, starts, ws, imp, slots_all, keys_all, w_lo, n, krows in bounded:
                 c = chosen[(chosen >= w_lo) & (chosen < w_lo + n)] - w_lo
                 if not len(c):
                     continue
@@ -2607,9 +2640,23 @@ class SearchIndex:
                 total = int(per_list.sum())
                 if total:
                     at = np.repeat(a - (np.cumsum(lens) - lens), lens) + np.arange(total)
-                    parts_s.append(slots_all[at].astype(np.int64))
-                    parts_v.append(imp[keys_all[at]] * np.repeat(ws, per_list))
-                    parts_n.append(np.repeat(nums, per_list))
+                    sl = slots_all[at]
+                    w_each, n_each = np.repeat(ws, per_list), np.repeat(nums, per_list)
+                    if kept is not None:  # a row over all docs, under a filter: its kept postings
+                        on = kept[sl]
+                        at, sl, w_each, n_each = at[on], sl[on], w_each[on], n_each[on]
+                    parts_s.append(sl.astype(np.int64))
+                    parts_v.append(imp[keys_all[at]] * w_each)
+                    parts_n.append(n_each)
+                for num, w, first, k_at, kstarts in krows:  # a row over the filter's docs: its kept postings
+                    a = kstarts[c]
+                    lens = kstarts[c + 1] - a
+                    total = int(lens.sum())
+                    if total:
+                        at = k_at[np.repeat(a - (np.cumsum(lens) - lens), lens) + np.arange(total)] + np.int64(first)
+                        parts_s.append(slots_all[at].astype(np.int64))
+                        parts_v.append(imp[keys_all[at]] * w)
+                        parts_n.append(np.full(total, num, np.int16))
             if bulk is not None:
                 now = np.zeros(nwin, bool)
                 now[chosen] = True
@@ -2649,8 +2696,8 @@ class SearchIndex:
                 break
             # windows whose bound (with float noise) cannot reach the cut are done with
             cand = cand[~done[cand] & (bound[cand] * (1.0 + 1e-9) + 1e-12 >= cut)]
-            if (read + int(count[cand].sum()) > _WINDOW_GIVE_UP * postings
-                    or (accept_docs is not None and len(live_scores) < limit)):
+            if not exact and (read + int(count[cand].sum()) > _WINDOW_GIVE_UP * postings
+                              or (accept_docs is not None and len(live_scores) < limit)):
                 # the bounds prune too little: reading every list whole is faster than gathering
                 # most of their windows (and the array kernel gives the same pool and scores)
                 return None
@@ -2661,7 +2708,7 @@ class SearchIndex:
         by_slot = np.argsort(slots, kind="stable")
         slots, scores, good = slots[by_slot], scores[by_slot], good[by_slot]
         top = np.flatnonzero(good & (scores >= cut)) if len(live_scores) >= limit else np.flatnonzero(good)
-        scorer = _WindowScores(self, lists, sources, done, slots, scores, read)
+        scorer = _WindowScores(self, lists, sources, done, slots, scores, read, kept)
         return slots[top].tolist(), scores[top].tolist(), lists, scorer
 
     @staticmethod

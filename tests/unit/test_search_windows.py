@@ -419,10 +419,25 @@ def keyed(keep, key):
 FILTERS = (("a third", lambda d: d % 3 == 0), ("one in 40", lambda d: d % 40 == 7), ("none", lambda d: d < 0))
 
 
+def rows_taken(monkeypatch) -> list[tuple[int, int]]:
+    """Spy on SearchIndex._accepted_bounds: per call, (rows read whole, rows of kept postings)."""
+    out: list[tuple[int, int]] = []
+    real = S.SearchIndex._accepted_bounds
+
+    def spy(self, *a, **kw):
+        add, full, krows = real(self, *a, **kw)
+        out.append((int(full.sum()), len(krows)))
+        return add, full, krows
+
+    monkeypatch.setattr(S.SearchIndex, "_accepted_bounds", spy)
+    return out
+
+
 def test_bounds_over_a_filters_docs_bound_every_kept_posting(corpus):
     # storaged/filterbounds.py: per window, the highest impact of a kept posting, in 255ths of the
-    # row's highest rounded up: never below what it bounds, a window with none kept adds nothing
-    from storaged.filterbounds import accepted_maxima
+    # row's highest rounded up: never below what it bounds, a window with none kept adds nothing;
+    # beside them, where the kept postings are in the list and how many each window holds
+    from storaged.filterbounds import accepted_row
     ix, _, _ = corpus
     slot_doc = np.frombuffer(ix._slot_doc, np.uint64).astype(np.int64)
     checked = 0
@@ -437,10 +452,13 @@ def test_bounds_over_a_filters_docs_bound_every_kept_posting(corpus):
                     if seg.bounds(f, t) is None:
                         continue
                     group = seg.window_group(f)
-                    top, cells = accepted_maxima(group.slots[a:b], group.keys[a:b], table, kept, 4, group.w_lo, group.n_win)
+                    row = accepted_row(group.slots[a:b], group.keys[a:b], table, kept, 4, group.w_lo, group.n_win, 1.0)
+                    top, cells = row.top, row.cells
                     win = (slots[a:b].astype(np.int64) >> 4) - group.w_lo
                     best = np.zeros(group.n_win)
                     on = kept[slots[a:b]]
+                    assert row.at.tolist() == np.flatnonzero(on).tolist()
+                    assert row.counts.tolist() == np.bincount(win[on], minlength=group.n_win).tolist()
                     np.maximum.at(best, win[on], table[keys[a:b]][on])
                     bound = top * cells.astype(np.float64) / 255.0
                     assert (bound >= best).all() and top >= best.max()
@@ -455,6 +473,7 @@ def test_a_filter_with_a_key_gives_the_answers_of_one_without(corpus, monkeypatc
     # the index learns nothing of, asked of the docs it reached
     ix, _, queries = corpus
     taken = answered(monkeypatch, "_pool_windows")
+    rows = rows_taken(monkeypatch)
     made = ix._filtered.made
     for i, (name, keep) in enumerate(FILTERS):
         accept = lambda d, keep=keep: bool(keep(d))  # noqa: E731
@@ -471,6 +490,7 @@ def test_a_filter_with_a_key_gives_the_answers_of_one_without(corpus, monkeypatc
                                                            accept_docs=fast))
             assert a == want and b == want, (name, q)
     assert ix._filtered.made > made and True in taken
+    assert any(k for _, k in rows) and not any(f for f, _ in rows)  # within the budget: kept postings only
 
 
 def test_a_kept_filter_follows_slots_added_after_it_was_first_used(tmp_path, monkeypatch):
@@ -544,6 +564,7 @@ def test_bounds_over_a_filter_past_a_querys_budget_are_the_segments_own(corpus, 
     monkeypatch.setattr(S, "_FILTER_BOUNDS_BUDGET", budget)
     keep = lambda d: d % 5 == 2  # noqa: E731
     accept = lambda d: bool(keep(d))  # noqa: E731
+    rows = rows_taken(monkeypatch)
     made = []
     for i, q in enumerate(queries):
         fast = keyed(keep, ("budget-rows", budget, i))  # a new key each query: nothing made before
@@ -552,6 +573,28 @@ def test_bounds_over_a_filter_past_a_querys_budget_are_the_segments_own(corpus, 
         assert both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=fast)[0]) == (want, want), q
         made.append(ix._filtered.made - before)
     if budget == 0:
-        assert not any(made)
+        assert not any(made) and not any(k for _, k in rows)
     else:
         assert any(made) and max(made) <= 40 // 8  # a bounded list holds at least _BOUND_MIN (8) postings
+        assert any(f and k for f, k in rows)  # a query that gathers kept postings of some rows, all of others
+
+
+def test_a_keyed_filters_scorer_gives_every_docs_own_score(corpus, monkeypatch):
+    # under a keyed filter the window kernel sums only the kept slots' postings of the windows it
+    # reads; its scorer still gives any doc's own score, kept or not, read or not (storaged/rank.py
+    # asks it of a hit's neighbours, whatever their type), as the unfiltered kernel's does
+    ix, _, queries = corpus
+    rng = random.Random(4)
+    taken = answered(monkeypatch, "_pool_windows")
+    for i, (name, keep) in enumerate(FILTERS[:2]):
+        accept = lambda d, keep=keep: bool(keep(d))  # noqa: E731
+        fast = keyed(keep, ("scorer", i))
+        for q in queries:
+            docs = {d for c in rng.sample(range(1, 3001), 30) for d in range(c - 4, c + 5)} | {0, 99999, -3}
+            (_, sa), _ = both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=fast))
+            (_, sb) = both(monkeypatch, lambda: ix.search_scored(q, 10))[1]
+            assert sa.totals(docs) == sb.totals(docs), (name, q)
+            assert sa.fields(docs) == sb.fields(docs), (name, q)
+            arr = np.array(sorted(docs) + [-1], np.int64)
+            assert sa.own(arr).tolist() == sb.own(arr).tolist(), (name, q)
+    assert True in taken
