@@ -166,13 +166,14 @@ def ranked_search(
         return []
     radius = len(weights) if neighbours is not None else 0
     pool_n = max(POOL_MIN, POOL_FACTOR * limit)
-    hits, scorer = index.search_own(query, pool_n, None if radius else accept, tiebreak, fields,
+    prepared = index.prepare(query, fields)  # its lists looked up once for both searches below
+    hits, scorer = index.search_own(prepared, pool_n, None if radius else accept, tiebreak, fields,
                                     None if radius else accept_docs)
     total = dict(hits)  # doc → own score, all fields (the breakdown: for the finalists only, below)
     pool = list(total)
     if radius and accept is not None and sum(map(accept, pool)) < limit:
         # a narrow filter: the best acceptable docs may lie outside the unfiltered pool
-        for d, v in index.search_own(query, pool_n, accept, tiebreak, fields, accept_docs)[0]:
+        for d, v in index.search_own(prepared, pool_n, accept, tiebreak, fields, accept_docs)[0]:
             if d not in total:
                 total[d] = v
                 pool.append(d)

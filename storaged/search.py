@@ -880,6 +880,29 @@ class _WindowScores(QueryScores):
         return [p.tolist() for p in self._probe(ca, True)]
 
 
+class _WindowBase(NamedTuple):
+    """SearchIndex._window_base: what the window kernel gathers from a query's lists, whatever the filter."""
+    nwin: int       # windows of the index
+    sources: list   # per list: (slots, keys, w, impacts, values)
+    groups: list    # per segment field: (group, impacts, field, list numbers, rows, w, scales, counts, starts)
+    bulk: tuple | None  # the lists without bounds: (slots, values, list number), lists in order
+
+
+class PreparedQuery:
+    """A query's lists, looked up once for the searches one call makes of the same query and fields
+    (storaged/rank.py: the pool unfiltered, then the filter's when too few of it passed), and what
+    the window kernel gathers from them whatever the filter (made by the first search that needs it).
+    Good until the index next changes: made and used within one call on the request loop's thread
+    (SearchIndex.prepare)."""
+
+    __slots__ = ("fields", "lists", "window_base")
+
+    def __init__(self, fields: tuple[int, ...], lists: list) -> None:
+        self.fields = fields
+        self.lists = lists
+        self.window_base: _WindowBase | None = None
+
+
 def _prefix_candidate(term: str) -> bool:
     """Whether a vocabulary term can be reached by a prefix: longer than the shortest prefix (so
     never a CJK term: those are one or two characters) and starting with a letter (reference
@@ -2128,9 +2151,16 @@ class SearchIndex:
             return nlargest(limit, hits, key=lambda h: (h.score, h.doc)), scorer
         return nlargest(limit, hits, key=lambda h: (h.score, tiebreak(h.doc))), scorer
 
+    def prepare(self, query: str, fields: tuple[int, ...] = (0, 1, 2)) -> PreparedQuery:
+        """The query's lists, for several search_own() calls in a row with no change to the index
+        between them (PreparedQuery)."""
+        lists = self._query_lists(query, fields) if self._live else []
+        lists.sort(key=lambda tl: -tl.ub)
+        return PreparedQuery(fields, lists)
+
     def search_own(
         self,
-        query: str,
+        query: str | PreparedQuery,
         limit: int,
         accept: Callable[[int], bool] | None = None,
         tiebreak: Callable[[int], tuple] | None = None,
@@ -2143,7 +2173,8 @@ class SearchIndex:
         swap).  For stages that rerank a pool and want the breakdown of their own finalists only
         (QueryScores.fields; storaged/rank.py): it saves probing every list for the whole pool.
         ``accept_docs``: ``accept`` for a whole array of docs at once (a bool array), which the
-        array kernel then uses in place of asking ``accept`` doc by doc."""
+        array kernel then uses in place of asking ``accept`` doc by doc. ``query``: its text, or
+        prepare()'s lists of it (for the same ``fields``)."""
         pool, totals, _, scorer = self._pool(query, limit, accept, fields, accept_docs)
         slot_doc = self._slot_doc
         own = [(slot_doc[s], v) for s, v in zip(pool, totals)]
@@ -2166,10 +2197,16 @@ class SearchIndex:
         one under a keyed filter past it too when the postings the filter keeps are within it."""
         if limit <= 0 or not self._live:
             return [], [], [], QueryScores(self, [], {}, 0)
-        lists = self._query_lists(query, fields)
+        prepared = None
+        if isinstance(query, PreparedQuery):
+            if query.fields != fields:
+                raise ValueError("a prepared query searched in other fields than it was prepared for")
+            prepared, lists = query, query.lists
+        else:
+            lists = self._query_lists(query, fields)
+            lists.sort(key=lambda tl: -tl.ub)
         if not lists:
             return [], [], [], QueryScores(self, [], {}, 0)
-        lists.sort(key=lambda tl: -tl.ub)
         n = len(lists)
         rem_size = [0] * (n + 1)
         for i in range(n - 1, -1, -1):
@@ -2181,7 +2218,7 @@ class SearchIndex:
         if ((accept is None or accept_docs is not None) and rem_size[0] >= _WINDOW_MIN_POSTINGS and n < 1 << 15
                 and sum(tl.size for tl in lists if getattr(tl, "win", None) is None) <= _ARRAY_POSTINGS):
             # (the lists without bounds are read whole: past the array kernel's budget, MaxScore's)
-            got = self._pool_windows(lists, limit, accept_docs)
+            got = self._pool_windows(lists, limit, accept_docs, prepared)
             if got is not None:
                 return got
             # the bounds prune too little for this query: the paths below read its lists whole
@@ -2406,33 +2443,14 @@ class SearchIndex:
         top = np.flatnonzero(live)
         return touched[top].tolist(), scores[top].tolist(), lists, scorer
 
-    def _window_sources(self, lists: list, accept_docs=None) -> tuple[list, list, tuple, np.ndarray, np.ndarray,
-                                                                      np.ndarray | None]:
-        """(sources, bounded, bulk, bound, count, kept) of a query's lists for the window kernel.
-
-        ``sources``: per list, in order, (slots, keys, w, impacts, values) — slots ascending; for a
-        term list keys/w/impacts (its contributions are impacts[keys] * w, as the array kernel
-        computes them), else values.  ``bounded``: the lists with bounds, a group per segment and
-        field (storaged/segment.py's WindowGroup): (list numbers, starts, w per list, impacts, the
-        field's slots and keys, first window, windows, kept rows) — list j's postings of window
-        ``first + i`` are the field's [starts[j, i], starts[j, i + 1]); under a keyed filter, the
-        lists whose rows over its docs are made are in ``kept rows`` instead (_accepted_bounds), and
-        only their kept postings are gathered.  ``bulk``: the other lists' postings, which
-        are short or in memory, as one set of arrays (slots, values, list number, window), lists in
-        order.  ``bound``: per window of the index, what all the lists together can add to one of
-        its docs: a list with bounds adds them (times the drift of the field's average since its
-        segment was written), any other one its exact highest contribution in each window; with
-        an ``accept_docs`` that has a ``cache_key`` (Store.etype_filter), a list with bounds adds
-        its bounds over the docs the filter keeps (storaged/filterbounds.py) instead, and only the
-        kept slots' postings of the other lists are in ``bulk``. ``count``: per window, the query's
-        postings there (under a keyed filter, the ones the kernel will gather). ``kept``: that
-        filter's verdict by slot, or None."""
+    def _window_base(self, lists: list) -> "_WindowBase":
+        """What the window kernel gathers from a query's lists whatever the filter: each list's
+        arrays, the lists with bounds by segment field with where each one's postings of each window
+        begin, and the other lists' postings as one set of arrays (_window_sources tells them)."""
         shift = _WINDOW_SHIFT
         nwin = (len(self._slot_doc) >> shift) + 1
-        bound = np.zeros(nwin)
-        count = np.zeros(nwin, np.int64)
         impacts = self._impacts
-        sources, bounded = [], []
+        sources = []
         grouped: dict[int, tuple] = {}  # the lists with bounds, by segment and field (WindowGroup)
         # the lists without bounds, gathered as the array kernel gathers them: slots and keys
         # concatenated, each key looked up in its table (the tables side by side) times its w
@@ -2481,16 +2499,13 @@ class SearchIndex:
                 sources.append((sl, None, None, None, vals))
                 bulk_v[i] = vals  # put in place below (its keys and w: zeros)
                 to_bulk(i, sl, np.zeros(len(sl), np.uint16), 0.0, None)
-        fkey = getattr(accept_docs, "cache_key", None)
-        kept = self._kept(accept_docs) if fkey is not None else None
-        making = [_FILTER_BOUNDS_BUDGET]  # postings this query may read to make bounds over the filter's docs
+        groups = []
         for group, imp, field, members in grouped.values():
-            # a segment field's lists at once: their bounds a row each summed into the windows, and
-            # where each one's postings of each window begin (rows of counts, summed along)
+            # a segment field's lists at once: where each one's postings of each window begin (rows
+            # of counts, summed along)
             nums, rows, firsts, sizes, ws, scales = (np.array(x) for x in zip(*members))
-            w_lo, n = group.w_lo, group.n_win
             cnt = group.bcnt[rows].astype(np.int64)
-            starts = np.zeros((len(rows), n + 1), np.int64)
+            starts = np.zeros((len(rows), group.n_win + 1), np.int64)
             np.cumsum(cnt, axis=1, out=starts[:, 1:])
             starts += firsts.astype(np.int64)[:, None]
             wrong = starts[:, -1] != firsts.astype(np.int64) + sizes
@@ -2502,18 +2517,8 @@ class SearchIndex:
                 nums, rows, ws, scales, cnt, starts = nums[keep], rows[keep], ws[keep], scales[keep], cnt[keep], starts[keep]
                 if not len(nums):
                     continue
-            krows: list[tuple] = []
-            if fkey is None:
-                bound[w_lo:w_lo + n] += scales @ group.bval[rows]
-            else:
-                add, full, krows = self._accepted_bounds(group, imp, field, nums, rows, starts, ws, scales,
-                                                         kept, fkey, making)
-                bound[w_lo:w_lo + n] += add
-                nums, ws, cnt, starts = nums[full], ws[full], cnt[full], starts[full]
-                for *_, kstarts in krows:
-                    count[w_lo:w_lo + n] += np.diff(kstarts)
-            count[w_lo:w_lo + n] += cnt.sum(axis=0)
-            bounded.append((nums.astype(np.int16), starts, ws, imp, group.slots, group.keys, w_lo, n, krows))
+            groups.append((group, imp, field, nums, rows, ws, scales, cnt, starts))
+        bulk = None
         if sum(bulk_len):  # (a CJK phrase bonus may hold no doc)
             if any(a > b for a, b in zip(bulk_n, bulk_n[1:])):  # lists moved here from a group: in order
                 order = sorted(range(len(bulk_n)), key=bulk_n.__getitem__)
@@ -2532,19 +2537,67 @@ class SearchIndex:
                     if i in bulk_v:
                         bv[at:at + size] = bulk_v[i]
                     at += size
+            bulk = (bs, bv, bn)
+        return _WindowBase(nwin, sources, groups, bulk)
+
+    def _window_sources(self, base: "_WindowBase", accept_docs=None) -> tuple[list, list, tuple, np.ndarray,
+                                                                             np.ndarray, np.ndarray | None]:
+        """(sources, bounded, bulk, bound, count, kept) of a query's lists (``base``: _window_base's)
+        for the window kernel.
+
+        ``sources``: per list, in order, (slots, keys, w, impacts, values) — slots ascending; for a
+        term list keys/w/impacts (its contributions are impacts[keys] * w, as the array kernel
+        computes them), else values.  ``bounded``: the lists with bounds, a group per segment and
+        field (storaged/segment.py's WindowGroup): (list numbers, starts, w per list, impacts, the
+        field's slots and keys, first window, windows, kept rows) — list j's postings of window
+        ``first + i`` are the field's [starts[j, i], starts[j, i + 1]); under a keyed filter, the
+        lists whose rows over its docs are made are in ``kept rows`` instead (_accepted_bounds), and
+        only their kept postings are gathered.  ``bulk``: the other lists' postings, which
+        are short or in memory, as one set of arrays (slots, values, list number, window), lists in
+        order.  ``bound``: per window of the index, what all the lists together can add to one of
+        its docs: a list with bounds adds them (times the drift of the field's average since its
+        segment was written), any other one its exact highest contribution in each window; with
+        an ``accept_docs`` that has a ``cache_key`` (Store.etype_filter), a list with bounds adds
+        its bounds over the docs the filter keeps (storaged/filterbounds.py) instead, and only the
+        kept slots' postings of the other lists are in ``bulk``. ``count``: per window, the query's
+        postings there (under a keyed filter, the ones the kernel will gather). ``kept``: that
+        filter's verdict by slot, or None."""
+        nwin = base.nwin
+        bound = np.zeros(nwin)
+        count = np.zeros(nwin, np.int64)
+        bounded = []
+        fkey = getattr(accept_docs, "cache_key", None)
+        kept = self._kept(accept_docs) if fkey is not None else None
+        making = [_FILTER_BOUNDS_BUDGET]  # postings this query may read to make bounds over the filter's docs
+        for group, imp, field, nums, rows, ws, scales, cnt, starts in base.groups:
+            # a segment field's lists at once: their bounds a row each summed into the windows
+            w_lo, n = group.w_lo, group.n_win
+            krows: list[tuple] = []
+            if fkey is None:
+                bound[w_lo:w_lo + n] += scales @ group.bval[rows]
+            else:
+                add, full, krows = self._accepted_bounds(group, imp, field, nums, rows, starts, ws, scales,
+                                                         kept, fkey, making)
+                bound[w_lo:w_lo + n] += add
+                nums, ws, cnt, starts = nums[full], ws[full], cnt[full], starts[full]
+                for *_, kstarts in krows:
+                    count[w_lo:w_lo + n] += np.diff(kstarts)
+            count[w_lo:w_lo + n] += cnt.sum(axis=0)
+            bounded.append((nums.astype(np.int16), starts, ws, imp, group.slots, group.keys, w_lo, n, krows))
+        bulk = None
+        if base.bulk is not None:
+            bs, bv, bn = base.bulk
             if kept is not None:  # the kept slots' postings only: no other doc can be in the pool
                 on = kept[bs]
                 bs, bv, bn = bs[on], bv[on], bn[on]
-        if sum(bulk_len) and len(bs):
-            bw = bs >> shift
-            cell = bn.astype(np.int64) * nwin + bw  # ascending: lists in order, each in slot order
-            first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
-            bound += np.bincount(bw[first], np.maximum.reduceat(bv, first), nwin)
-            count += np.bincount(bw, minlength=nwin)
-            bulk = (bs, bv, bn, bw)
-        else:
-            bulk = None
-        return sources, bounded, bulk, bound, count, kept
+            if len(bs):
+                bw = bs >> _WINDOW_SHIFT
+                cell = bn.astype(np.int64) * nwin + bw  # ascending: lists in order, each in slot order
+                first = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
+                bound += np.bincount(bw[first], np.maximum.reduceat(bv, first), nwin)
+                count += np.bincount(bw, minlength=nwin)
+                bulk = (bs, bv, bn, bw)
+        return base.sources, bounded, bulk, bound, count, kept
 
     def _accepted_bounds(self, group, imp: np.ndarray, field: int, nums: np.ndarray, rows: np.ndarray,
                          starts: np.ndarray, ws: np.ndarray, scales: np.ndarray, kept: np.ndarray, fkey: tuple,
@@ -2582,8 +2635,8 @@ class SearchIndex:
                 krows.append((int(nums[j]), w, int(starts[j, 0]), got.at, kstarts))
         return add, full, krows
 
-    def _pool_windows(self, lists: list, limit: int,
-                      accept_docs=None) -> tuple[list[int], list[float], list, "QueryScores"] | None:
+    def _pool_windows(self, lists: list, limit: int, accept_docs=None, prepared: PreparedQuery | None = None
+                      ) -> tuple[list[int], list[float], list, "QueryScores"] | None:
         """_pool() for a query of at least _WINDOW_MIN_POSTINGS postings, unfiltered or filtered by
         ``accept_docs`` (an array of docs → a bool array): the array kernel's pool, scored a few
         windows of slots at a time (block-max pruning); or None when the bounds prune too little
@@ -2604,7 +2657,12 @@ class SearchIndex:
         it is the best of the windows read (every score exact; the array kernel's own budget)."""
         shift = _WINDOW_SHIFT
         wsize = 1 << shift
-        sources, bounded, bulk, bound, count, kept = self._window_sources(lists, accept_docs)
+        base = prepared.window_base if prepared is not None else None
+        if base is None:
+            base = self._window_base(lists)
+            if prepared is not None:
+                prepared.window_base = base
+        sources, bounded, bulk, bound, count, kept = self._window_sources(base, accept_docs)
         postings = int(count.sum())
         nwin = len(bound)
         cand = np.flatnonzero(bound > 0)

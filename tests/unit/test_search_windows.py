@@ -191,8 +191,8 @@ def test_the_window_kernel_reads_fewer_postings_when_the_best_docs_cluster(corpu
     seen = []
     real = S.SearchIndex._window_sources
 
-    def spy(self, lists, accept_docs=None):
-        got = real(self, lists, accept_docs)
+    def spy(self, base, accept_docs=None):
+        got = real(self, base, accept_docs)
         seen.append((sum(len(s[0]) for s in got[0]), got[3]))
         return got
 
@@ -598,3 +598,26 @@ def test_a_keyed_filters_scorer_gives_every_docs_own_score(corpus, monkeypatch):
             arr = np.array(sorted(docs) + [-1], np.int64)
             assert sa.own(arr).tolist() == sb.own(arr).tolist(), (name, q)
     assert True in taken
+
+
+def test_a_prepared_query_searched_twice_answers_as_its_text_does(corpus, monkeypatch):
+    # storaged/rank.py looks a query's lists up once (SearchIndex.prepare) for its two searches, the
+    # pool unfiltered and then a filter's: each answers as a search of the text, scorer included
+    ix, _, queries = corpus
+    rng = random.Random(6)
+    keep = FILTERS[0][1]
+    accept = lambda d: bool(keep(d))  # noqa: E731
+    fast = keyed(keep, ("prepared", 0))
+    for q in queries:
+        docs = np.array(sorted({d for c in rng.sample(range(1, 3001), 20) for d in range(c - 3, c + 4)}), np.int64)
+        for fields in ((0, 1, 2), (0,)):
+            def twice(text):
+                p = ix.prepare(q, fields) if not text else q
+                a, sa = ix.search_own(p, 12, None, None, fields)
+                b, sb = ix.search_own(p, 12, accept, None, fields, fast)
+                c, sc = ix.search_own(p, 12, None, None, fields)  # the filter's search changed nothing shared
+                assert c == a and sc.own(docs).tolist() == sa.own(docs).tolist()
+                return a, b, sa.own(docs).tolist(), sb.own(docs).tolist()
+            assert both(monkeypatch, lambda: twice(False)) == both(monkeypatch, lambda: twice(True)), (q, fields)
+    with pytest.raises(ValueError):
+        ix.search_own(ix.prepare("w0", (0,)), 5, fields=(0, 1, 2))
