@@ -426,6 +426,14 @@ class MessageTable:
         importance = buf[off + _IMPORTANCE_AT]
         return self.wide[seq][1] if importance == _IMP_WIDE else importance
 
+    def importances(self, seqs: np.ndarray) -> np.ndarray:
+        """``importance`` of each of ``seqs`` (live messages), as int64, read in C (a search's tiebreak
+        over many docs tied at its cut: SearchIndex._tied_first)."""
+        out = self._gather(seqs, "importance").astype(np.int64)
+        for i in np.flatnonzero(out == _IMP_WIDE).tolist():
+            out[i] = self.wide[int(seqs[i])][1]
+        return out
+
     def etype_of(self, seq: int) -> str | None:
         """The event type of the message at ``seq`` (None: no live message there)."""
         return _ETYPES[self.etype[seq]] if 0 <= seq < len(self.etype) else None

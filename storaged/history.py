@@ -374,6 +374,7 @@ class HistoryViews:
 
         def tiebreak(doc: int) -> tuple:   # newer first, then the smaller event id (as agents see it)
             return table.timestamp(doc), _EventIdDescending(key, table.message_id(doc))
+        tiebreak.first = lambda docs: table.column("ts", docs)  # for many docs at once (SearchIndex._tied_first)
 
         # the same conversation-aware ranking as search_messages (storaged/rank.py): an event's score
         # takes in its neighbours' in the session's order; only events that match themselves are hits

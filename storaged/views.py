@@ -344,7 +344,11 @@ def search_messages(store: Store, a: R.SearchMessages) -> dict[str, Any]:
         return not tags or all(t in m.tags for t in tags)
 
     importance = store.table.importance
-    hits = ranked_search(store.search, a.query, a.limit, accept, lambda d: (importance(d), d),
+
+    def tiebreak(doc: int) -> tuple[int, int]:
+        return importance(doc), doc
+    tiebreak.first = store.table.importances  # its first item for many docs at once (SearchIndex._tied_first)
+    hits = ranked_search(store.search, a.query, a.limit, accept, tiebreak,
                          neighbours=session_neighbours(store), text_of=lambda d: _search_text(by_seq[d]))
     results: list[dict[str, Any]] = []
     used = 0

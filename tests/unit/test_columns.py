@@ -300,9 +300,11 @@ def test_a_revision_or_importance_the_narrow_row_cannot_hold_is_kept_whole(varia
     assert [_state(t.get(m.seq)) for m in msgs] == [_state(m) for m in msgs]
     assert list(t.wide) == [2]
     assert [t.importance(m.seq) for m in msgs] == [m.importance for m in msgs]   # read in place too
+    assert t.importances(np.array([3, 1, 2])).tolist() == [msgs[2].importance, msgs[0].importance, msgs[1].importance]
     cols = t.segment_columns(t.live_seqs())
     loaded = MessageTable()
     loaded.load_segments([(cols, [])], SRC)
+    assert loaded.importances(np.array([2, 3])).tolist() == [msgs[1].importance, msgs[2].importance]
     assert [_state(loaded.get(m.seq)) for m in msgs] == [_state(m) for m in msgs]
     assert rows_from_columns(cols) == [m.row() for m in msgs]
     t.put(_message(2, revision=2))          # a narrow revision of it: the wide entry goes

@@ -711,3 +711,29 @@ def test_idle_steps_build_the_prefix_vocabulary_before_any_query(monkeypatch):
     assert ix._prefix.ready and steps > 1
     assert ids(ix.search("postgres", 5)) == [101, 100]  # the first query expands already
     assert not ix.idle_step()
+
+
+def test_a_tiebreak_that_gives_its_first_item_in_c_orders_many_tied_docs_as_one_that_does_not(monkeypatch):
+    # agent history repeats itself: a pool may hold hundreds of docs tied at its cut, and the tiebreak's
+    # first item (a time, an importance) for all of them at once (SearchIndex._tied_first) leaves the
+    # Python tiebreak to the few that can make the page: the same page as asking it of every doc
+    import numpy as np
+    ix = SearchIndex()
+    rng = random.Random(9)
+    for d in range(1, 700):
+        ix.add(d, ["disk full error", "disk full error again", "error"][d % 3], None, ())
+    ts = {d: rng.randrange(40) for d in range(1, 700)}  # many equal first items too
+
+    def plain(d):
+        return ts[d], -d
+
+    def fast(d):
+        return ts[d], -d
+    fast.first = lambda docs: np.array([ts[int(d)] for d in docs], np.int64)
+    used = []
+    real = SearchIndex._tied_first
+    monkeypatch.setattr(SearchIndex, "_tied_first", staticmethod(lambda *a: used.append(1) or real(*a)))
+    for q in ("disk", "error again", "full error", "error"):
+        for limit in (1, 5, 40, 300):
+            assert ix.search_own(q, limit, tiebreak=fast)[0] == ix.search_own(q, limit, tiebreak=plain)[0], (q, limit)
+    assert used
