@@ -14,9 +14,9 @@ cyclic GC during the load, the loaded structures frozen), then:
   rebuild   (--rebuild) the rebuild's worker forked as the daemon forks it (``compaction.run_child``),
             the loop meanwhile sleeping 1 ms at a time and polling for its exit (every gap over 50 ms
             is a time a request would have waited: the fork itself, or a machine too busy to run
-            the loop), then the steps of ``read_result_steps`` and ``compaction.install`` timed
-            (a turn of the loop each in the daemon, the collector off in each), then the moves
-            (``Store.relocate_step``) step by step.
+            the loop), then the steps of ``read_result_steps`` timed (the longest with the line each
+            stopped at) and ``compaction.install`` with ``discard`` (a turn of the loop each in the
+            daemon, the collector off in each), then the moves (``Store.relocate_step``) step by step.
 
 One run, a shared machine: figures are noisy; compare before and after in the same machine state.
 """
@@ -127,15 +127,15 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
             next(reading)
         except StopIteration as done:
             kind, prepared = done.value
+            read_steps.append((time.perf_counter() - t1, "the end"))
             break
-        finally:
-            read_steps.append(time.perf_counter() - t1)
+        read_steps.append((time.perf_counter() - t1, _paused_at(reading)))
     assert kind == "ok", prepared
     t1 = time.perf_counter()
     compaction.install(store, prepared, background=True)
+    compaction.discard(store)  # in the same turn, as Server._finish_rebuild does
     install_s = time.perf_counter() - t1
     gc.enable()
-    compaction.discard(store)
     moves = []
     while True:
         t2 = time.perf_counter()
@@ -146,9 +146,19 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
     gaps.sort()
     return {"prepare_s": round(prepare_s, 1), "fork_ms": round(fork_s * 1000, 1), "probe_gaps": len(gaps),
             "gaps_over_50ms": sum(g > 0.05 for g in gaps), "gap_p95_ms": round(gaps[int(len(gaps) * 0.95)] * 1000, 1),
-            "gap_max_ms": round(gaps[-1] * 1000, 1), "read_result_steps_ms": [round(x * 1000, 1) for x in read_steps],
+            "gap_max_ms": round(gaps[-1] * 1000, 1), "read_result_steps_ms": [round(x * 1000, 1) for x, _ in read_steps],
+            "read_result_longest_steps": [(round(x * 1000, 1), where) for x, where in sorted(read_steps)[::-1][:5]],
             "install_ms": round(install_s * 1000, 1),
             "relocate_steps": len(moves), "relocate_step_max_ms": round(max(moves) * 1000, 1)}
+
+
+def _paused_at(gen) -> str:
+    """Where a generator (and those it yields from) stopped: the innermost function and line, so a
+    step's time is told by the line that ends it."""
+    while getattr(gen, "gi_yieldfrom", None) is not None:
+        gen = gen.gi_yieldfrom
+    frame = gen.gi_frame
+    return f"{frame.f_code.co_name}:{frame.f_lineno}" if frame is not None else "?"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

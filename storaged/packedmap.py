@@ -112,15 +112,20 @@ class PackedMap(MutableMapping):
         return len(self._packed)
 
     def only(self, keys: Any) -> "PackedMap":
-        """A copy holding the entries of ``keys`` that are here (their bytes and hot tuples shared)."""
+        """A copy holding the entries of ``keys`` that are here (their bytes and hot tuples shared), in
+        this map's order. The dicts copied and the few entries not kept deleted, in C but for those: a
+        rebuild keeps every session that still has messages, and a key at a time took 59 ms of the
+        request loop at 91k sessions."""
         out = PackedMap(self._hot_fields)
         out._shared = self._shared
-        for key in keys:
-            raw = self._packed.get(key)
-            if raw is not None:
-                out._packed[key] = raw
-                if self._hot_fields:
-                    out._hot[key] = self._hot[key]
+        out._packed = dict(self._packed)
+        gone = out._packed.keys() - (keys.keys() if isinstance(keys, dict) else set(keys))
+        for key in gone:
+            del out._packed[key]
+        if self._hot_fields:
+            out._hot = dict(self._hot)
+            for key in gone:
+                del out._hot[key]
         return out
 
     def field(self, key: Any, name: str) -> Any:

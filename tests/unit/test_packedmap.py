@@ -53,6 +53,9 @@ def test_only_keeps_the_named_entries_and_their_hot_fields():
     assert sub.field(3, "harness") == "h1" and sub.field(0, "harness") is None
     sub[0] = {"harness": "h0"}
     assert m[0] == {"harness": "h0", "i": 0}      # the copy is its own map
+    by_dict = m.only({4: 10, 2: 20})              # a rebuild names them by a dict (sid -> record size)
+    assert list(by_dict.items()) == [(2, {"harness": "h0", "i": 2}), (4, {"harness": "h0", "i": 4})]
+    assert by_dict.field(4, "harness") == "h0" and by_dict.field(1, "harness") is None and len(by_dict) == 2
 
 
 def test_set_packed_takes_bytes_as_they_are():

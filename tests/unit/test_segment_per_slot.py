@@ -66,6 +66,28 @@ def test_the_dump_holds_only_the_slots_no_segment_holds_and_loads_the_same(tmp_p
     _assert_same(index, back)
 
 
+def test_a_load_in_steps_puts_the_doc_map_together_a_piece_a_step(tmp_path, monkeypatch):
+    # the request loop installs a rebuilt index in turns (SearchIndex.load_steps): the doc map too, a
+    # piece of its docs a turn; the same tables and map as a load at once
+    from storaged import search as search_mod
+    io = FileIO()
+    index = _index_with_segments(tmp_path, io)
+    dump = msgpack.unpackb(msgpack.packb(index.dump(), use_bin_type=True), raw=False)
+    whole = SearchIndex.load(dump, str(tmp_path), io)
+    monkeypatch.setattr(search_mod, "_DOCMAP_STEP", 64)
+    steps = SearchIndex.load_steps(dump, str(tmp_path), io)
+    turns = 0
+    try:
+        while True:
+            next(steps)
+            turns += 1
+    except StopIteration as done:
+        back = done.value
+    assert turns > len(index._slot_doc) // 64  # a turn a piece of the docs at least
+    assert _tables(back) == _tables(whole) == _tables(index)
+    _assert_same(index, back)
+
+
 def test_a_segment_of_format_2_holds_its_slots_docs_and_lengths(tmp_path):
     io = FileIO()
     index = _index_with_segments(tmp_path, io)
