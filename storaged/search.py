@@ -2184,7 +2184,7 @@ class SearchIndex:
         if tiebreak is None:  # (score, doc) is unique: a sort is nlargest's order, in C
             own.sort(key=itemgetter(1, 0), reverse=True)
             return own[:limit], scorer
-        if len(own) > limit:
+        if 0 < limit < len(own):
             # the tiebreak (a Python call a doc) only for the docs that can make the page: those
             # scoring at least the limit-th best; the others, in order, as nlargest would see them
             theta = nlargest(limit, map(itemgetter(1), own))[-1]
@@ -2701,6 +2701,8 @@ class SearchIndex:
         while len(cand):
             pick = cand[np.argpartition(-bound[cand], k)[:k]] if len(cand) > k else cand
             if read + int(count[pick].sum()) > _WINDOW_BUDGET:
+                if exact:  # the paths that read lists whole decide what a query past the budget gets,
+                    return None  # as they did before it read kept postings only (the same answers)
                 # the last round: its best windows while the budget lasts (at least one)
                 pick = pick[np.argsort(-bound[pick], kind="stable")]
                 pick = pick[:max(1, int(np.searchsorted(np.cumsum(count[pick]), _WINDOW_BUDGET - read, "right")))]

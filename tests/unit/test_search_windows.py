@@ -621,3 +621,27 @@ def test_a_prepared_query_searched_twice_answers_as_its_text_does(corpus, monkey
             assert both(monkeypatch, lambda: twice(False)) == both(monkeypatch, lambda: twice(True)), (q, fields)
     with pytest.raises(ValueError):
         ix.search_own(ix.prepare("w0", (0,)), 5, fields=(0, 1, 2))
+
+
+def test_a_keyed_query_past_the_window_budget_is_handed_to_the_paths_that_read_lists_whole(corpus, monkeypatch):
+    # with every row over a filter made, the window kernel gathers only kept postings and never gives
+    # a query up for pruning too little; one that would read past _WINDOW_BUDGET is still handed over
+    # (the array kernel: exact here), not cut to the best windows read
+    ix, _, queries = corpus
+    keep = FILTERS[0][1]
+    accept = lambda d: bool(keep(d))  # noqa: E731
+    fast = keyed(keep, ("past the budget", 0))
+    taken = answered(monkeypatch, "_pool_windows")
+    for q in ["w0 w1 w2 w3", *queries]:
+        want = both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=lambda docs: keep(docs))[0])[1]
+        both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=fast))  # its rows made
+        with monkeypatch.context() as m:
+            m.setattr(S, "_WINDOW_BUDGET", 300)
+            assert both(monkeypatch, lambda: ix.search_own(q, 10, accept, accept_docs=fast)[0])[0] == want, q
+    assert False in taken
+
+
+def test_a_limit_of_zero_or_less_finds_nothing_whatever_the_tiebreak(corpus):
+    ix, _, _ = corpus
+    for limit in (0, -1):
+        assert ix.search_own("w0 w1", limit, tiebreak=lambda d: (d,))[0] == []
