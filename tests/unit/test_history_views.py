@@ -103,6 +103,23 @@ def test_typed_ids_round_trip_and_are_tamper_evident(store):
     assert len(eid) < 40 and len(sid) < 40
 
 
+def test_a_ulid_read_in_c_is_the_bytes_and_the_errors_of_python_ulid():
+    # handles.ulid_bytes reads a ULID's text with int() (a search_sessions call makes ~35 ids); it must
+    # give ULID.from_str's bytes, and for anything else raise what ULID.from_str raises
+    import random
+    rng = random.Random(5)
+    texts = [str(ULID.from_bytes(rng.randbytes(16))) for _ in range(300)]
+    texts += [t.lower() for t in texts[:50]] + ["0" * 26, "7" + "Z" * 25, "7zzzzzzzzzzzzzzzzzzzzzzzzz"]
+    for t in texts:
+        assert handles.ulid_bytes(t) == ULID.from_str(t).bytes, t
+    for bad in ("8" + "0" * 25, "0" * 25, "0" * 27, "0" * 25 + "U", "0" * 25 + "I", "", "٣" * 26, "0" * 25 + "\n"):
+        with pytest.raises(ValueError) as mine:
+            handles.ulid_bytes(bad)
+        with pytest.raises(ValueError) as theirs:
+            ULID.from_str(bad)
+        assert str(mine.value) == str(theirs.value), bad
+
+
 def test_ids_survive_restart_and_rebuild(tmp_path):
     s = Store.open(str(tmp_path / "d"))
     b = Book(s)
