@@ -1300,12 +1300,18 @@ class Store:
         doomed = [os.path.join(self.dir, name) for name in names if is_segment_name(name) and name not in keep]
         _remove_all(self.io, doomed, release=not wait, mapped=self.table.mapped_names())
 
-    def write_snapshot(self, base_later: bool = False) -> bool:
+    def write_snapshot(self, base_later: bool = False, relocate_max: int | None = None) -> bool:
         """Save the state for a fast next start (at a clean stop). Skipped when nothing changed.
         ``base_later``: a stop of a daemon that snapshots in the background writes a delta even when a
         base is due (rows of an earlier version, too many or too big deltas) and leaves the base to
         the next start's background snapshot: a base is every row, 728 MB and ~10 s at five million
-        events, past a supervisor's stop timeout (10 s by default), which would end the stop by SIGKILL."""
+        events, past a supervisor's stop timeout (10 s by default), which would end the stop by SIGKILL.
+        ``relocate_max``: skipped too while more messages than that are still to move to a rebuilt log
+        (relocation_left): the rows must all name the current log first, and a stop right after a 5M
+        rebuild spent ~8 s moving them. The rebuild's own snapshot stays; the next start replays what
+        was written after it."""
+        if relocate_max is not None and self.relocation_left() > relocate_max:
+            return False
         self.relocate_step(None)  # a clean stop: the rows must all name the current log
         if not self.snapshot_due():
             return False
@@ -1394,6 +1400,11 @@ class Store:
         old, self.log_text = self.log_text, LogText(self.io, on_damage=self._text_damaged)
         self.log_text.switch(fd, self.salt)
         self.relocation = _Relocation(old, seqs, rec_sizes, locs, old_fd)
+
+    def relocation_left(self) -> int:
+        """Messages still to move to a rebuilt log (relocate_step)."""
+        r = self.relocation
+        return 0 if r is None else len(r.seqs) - r.done
 
     def relocate_step(self, n: int | None) -> bool:
         """Move up to ``n`` messages (None: all that remain) to the compacted log; True while some

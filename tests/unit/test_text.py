@@ -292,7 +292,8 @@ def test_a_clean_stop_in_the_middle_of_a_move_writes_rows_of_the_new_log_only(tm
         update(store, ids[40], content="changed mid-move")
         live = live_state(store)
         if snapshot_at_stop:
-            assert store.write_snapshot() and store.relocation is None
+            assert not store.write_snapshot(relocate_max=5) and store.relocation_left() == 49  # too many to move
+            assert store.write_snapshot(relocate_max=49) and store.relocation is None
         store.close()
         again = Store.open(d)
         assert again.snapshot_valid and live_state(again) == live
