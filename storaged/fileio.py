@@ -67,6 +67,14 @@ class FileIO:
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    def free_bytes(self, path: str) -> int | None:
+        """Bytes an unprivileged writer may still use on the file system of ``path`` (None: unknown)."""
+        try:
+            st = os.statvfs(path)
+        except (OSError, AttributeError):  # (no statvfs: not a POSIX system)
+            return None
+        return st.f_bavail * st.f_frsize
+
     def size(self, path: str) -> int:
         try:
             return os.stat(path).st_size

@@ -848,6 +848,12 @@ class Server:
         if self.split is not None:   # (a rebuild asked for while imports ran: it starts once they end)
             self._reap_split(block=True)   # ended now, its messages queued again: the rebuild indexes them all
         compaction.discard(store)  # an earlier worker's leftovers are never taken for this one's
+        short = compaction.space_shortfall(store)
+        if short is not None:
+            LOG.warning("rebuild %s refused: %s", self.rebuild_id, short)
+            self._keep_rebuild_result(self.rebuild_id, error_reply(E.IO_ERROR, short))
+            self.rebuild_id = None
+            return
         store.rebuilding = True
 
         def work() -> int:  # in the child
