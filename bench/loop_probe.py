@@ -34,6 +34,7 @@ from ulid import ULID
 
 from bench import scale_corpus
 from protocol import validation as V
+from protocol.requests import paused_at
 from protocol import wire
 from storaged import children, compaction
 from storaged.server import IMPORT_SLICE_S, RELOCATE_STEP
@@ -129,7 +130,7 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
             kind, prepared = done.value
             read_steps.append((time.perf_counter() - t1, "the end"))
             break
-        read_steps.append((time.perf_counter() - t1, _paused_at(reading)))
+        read_steps.append((time.perf_counter() - t1, paused_at(reading)))
     assert kind == "ok", prepared
     t1 = time.perf_counter()
     compaction.install(store, prepared, background=True)
@@ -150,15 +151,6 @@ def probe_rebuild(store: Store) -> dict[str, Any]:
             "read_result_longest_steps": [(round(x * 1000, 1), where) for x, where in sorted(read_steps)[::-1][:5]],
             "install_ms": round(install_s * 1000, 1),
             "relocate_steps": len(moves), "relocate_step_max_ms": round(max(moves) * 1000, 1)}
-
-
-def _paused_at(gen) -> str:
-    """Where a generator (and those it yields from) stopped: the innermost function and line, so a
-    step's time is told by the line that ends it."""
-    while getattr(gen, "gi_yieldfrom", None) is not None:
-        gen = gen.gi_yieldfrom
-    frame = gen.gi_frame
-    return f"{frame.f_code.co_name}:{frame.f_lineno}" if frame is not None else "?"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -327,6 +327,15 @@ def run_steps(steps: Generator[None, None, _T]) -> _T:
             return done.value
 
 
+def paused_at(steps: Generator) -> str:
+    """Where work written as steps stopped last (the innermost generator it yields from): its function
+    and line, so that a long step is told by the line that ends it (the daemon's notes, bench.loop_probe)."""
+    while getattr(steps, "gi_yieldfrom", None) is not None:
+        steps = steps.gi_yieldfrom
+    frame = getattr(steps, "gi_frame", None)
+    return f"{frame.f_code.co_name}:{frame.f_lineno}" if frame is not None else "its end"
+
+
 @dataclass(frozen=True, slots=True)
 class ImportMessages(_Request):
     messages: tuple[ImportedMessage, ...]

@@ -213,6 +213,7 @@ class Server:
         # ("ok", Prepared) | ("error", reply) | ("cancelled", None)
         self.rebuild_outcome: tuple[str, Any] | None = None
         self.rebuild_reading: Generator[None, None, tuple[str, Any]] | None = None  # read_result_steps, under way
+        self.rebuild_step_at = ""  # where its last step stopped (protocol.requests.paused_at), for the slow-step note
         self.rebuild_results: dict[str, dict[str, Any]] = {}
         self.rebuild_started = 0.0
         # (pid, log position, started, the segment plan it writes, the segment names it lists)
@@ -384,11 +385,11 @@ class Server:
                 if code is not None:  # its result is read and installed over the next turns, so that
                     t0 = time.monotonic()  # the requests that come meanwhile wait behind one step only
                     self._rebuild_exited(code)
-                    self._note_slow(t0, lambda: "reading the rebuild's result")
+                    self._note_slow(t0, lambda: f"reading the rebuild's result (to {self.rebuild_step_at})")
             elif self.rebuild_reading is not None:
                 t0 = time.monotonic()
                 self._read_rebuild_step()
-                self._note_slow(t0, lambda: "reading the rebuild's result")
+                self._note_slow(t0, lambda: f"reading the rebuild's result (to {self.rebuild_step_at})")
             elif self.rebuild_outcome is not None:
                 t0 = time.monotonic()
                 self._finish_rebuild()
@@ -910,8 +911,10 @@ class Server:
         gc.disable()
         try:
             next(self.rebuild_reading)
+            self.rebuild_step_at = R.paused_at(self.rebuild_reading)
             return
         except StopIteration as done:
+            self.rebuild_step_at = "its end"
             self.rebuild_outcome = done.value
         except Exception as exc:  # a result that cannot be read or a segment that cannot be mapped
             LOG.error("rebuild's result could not be read:\n%s", traceback.format_exc())

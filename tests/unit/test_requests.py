@@ -163,3 +163,27 @@ def test_launch_context_is_set_from_the_request_context():
     ctx = {"cwd": "/w", "project": "/w/.git", "tail": "src/app.py", "tail_is_absolute": False,
            "stripped_root": "/w", "path_project": "/w/.git"}
     assert wire.validate_args("file_attention", raw, ctx).launch == R.Launch(**ctx)
+
+
+def test_paused_at_names_the_innermost_step_and_line():
+    # the daemon's slow-step note and bench.loop_probe tell a long step by the line that ends it
+    from protocol.requests import paused_at
+
+    def inner():
+        yield
+        yield
+
+    def outer():
+        yield
+        got = yield from inner()
+        return got
+
+    steps = outer()
+    next(steps)
+    assert paused_at(steps).startswith("outer:")
+    next(steps)
+    where = paused_at(steps)
+    assert where.startswith("inner:") and int(where.split(":")[1]) == inner.__code__.co_firstlineno + 1
+    for _ in steps:
+        pass
+    assert paused_at(steps) == "its end"
