@@ -194,6 +194,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     """
     io = store.io
     tmp_snapshot = store.snapshot_path + layout.TMP_SUFFIX
+    marks = [("", time.monotonic())]  # its phases' ends, told in the log when the whole is slow
     try:
         # opened before the rename, so that the store never holds locations without their file
         text_fd = io.open_read(store.log_path + layout.COMPACT_SUFFIX)
@@ -219,6 +220,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     # of the loop at 275k messages done at once); until each has moved it reads the old file, which
     # stays open, unlinked, and holds the same texts. live_bytes follows each move.
     store.start_relocation(text_fd, p.seqs, p.rec_sizes, p.text_locs, old_log)
+    marks.append(("the log swapped", time.monotonic()))
     store.checkpoint_bytes = p.checkpoint_bytes
     store.session_meta = store.session_meta.only(p.meta_sizes)
     store.meta_rec_sizes = dict(p.meta_sizes)
@@ -229,7 +231,9 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     store.rids = OrderedDict((rid, (op, mid, rev, seen)) for rid, op, mid, rev, seen in p.rids)
     store.update_records = 0
     store.deleted_messages = 0
+    marks.append(("the metadata kept", time.monotonic()))
     p.search.retire(store.replace_index(p.search))  # the old one is freed in steps
+    marks.append(("the index swapped", time.monotonic()))
     store.snapshot_pos = -1
     failure: OSError | None = None
     # the old snapshot is held open across the rename and freed a cut at a time by a thread once the
@@ -255,6 +259,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
         raise
     if old_snapshot is not None:
         io.release_fd(old_snapshot)
+    marks.append(("the snapshot swapped and the directory synced", time.monotonic()))
     try:
         store.writer = logfile.LogWriter(io, store.log_path, p.salt, p.log_size)
     except OSError as exc:
@@ -272,6 +277,10 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     store.rows_tracked = snapshot_installed
     store.snapshot_segments = [*p.search.segment_names(), p.rows_name] if snapshot_installed else []
     store.collect_segments(wait=not background)
+    marks.append(("the old segments let go", time.monotonic()))
+    if marks[-1][1] - marks[0][1] > SLOW_INSTALL_S:
+        LOG.info("the rebuild's install took %.0f ms: %s", (marks[-1][1] - marks[0][1]) * 1000, ", ".join(
+            f"{what} {(t - marks[i][1]) * 1000:.0f}" for i, (what, t) in enumerate(marks[1:])))
     store.snapshot_records = store.record_count
     store.snapshot_unindexed = 0
     store.snapshot_valid = True
@@ -308,6 +317,8 @@ def discard(store: Store) -> None:
             pass
 
 
+# an install longer than this tells the time of each of its phases in the log
+SLOW_INSTALL_S = 0.05
 # free space a rebuild wants beyond what it writes: the file system's own slack, and the appends of the
 # requests that come meanwhile (reads only: mutations wait) and of the snapshots after it
 SPACE_MARGIN = 64 << 20

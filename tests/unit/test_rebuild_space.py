@@ -70,3 +70,18 @@ def test_a_file_system_that_cannot_say_its_free_space_does_not_stop_a_rebuild(tm
     assert compaction.space_shortfall(store) is None and compaction.rebuild(store)["status"] == "OK"
     store.close()
     assert FileIO().free_bytes(str(tmp_path)) > 0  # statvfs on this machine
+
+
+def test_a_slow_install_tells_its_phases_in_the_log(tmp_path, monkeypatch, caplog):
+    # an install that holds the request loop past SLOW_INSTALL_S says which of its phases took the time
+    store = Store.open(str(tmp_path / "data"))
+    for i in range(20):
+        write(store, "s", f"a message {i}")
+    monkeypatch.setattr(compaction, "SLOW_INSTALL_S", -1.0)
+    with caplog.at_level("INFO", logger="convmem.storaged"):
+        assert compaction.rebuild(store)["status"] == "OK"
+    line = next(r.getMessage() for r in caplog.records if "install took" in r.getMessage())
+    for phase in ("the log swapped", "the metadata kept", "the index swapped",
+                  "the snapshot swapped and the directory synced", "the old segments let go"):
+        assert phase in line
+    store.close()
