@@ -235,6 +235,25 @@ def test_search_defaults_types_snippets_and_ordering(store, book, views):
     assert len(json.dumps(r)) < 4000
 
 
+def test_search_orders_many_equal_hits_newest_first_then_by_event_id(store, book, views, monkeypatch):
+    # agent history repeats itself: 60 events of the same text (a session each, so no neighbour adds to
+    # one), a dozen times each shared by several; a pool that large is ordered by time in C first
+    # (SearchIndex._tied_first) and the page is still score, then newer, then the smaller event id
+    from storaged.search import SearchIndex
+    used = []
+    real = SearchIndex._tied_first
+    monkeypatch.setattr(SearchIndex, "_tied_first", staticmethod(lambda *a: used.append(1) or real(*a)))
+    evs = [book.event(f"s{i}", "user_input", "disk quota exceeded on the build host", ts=T0 + (i % 12) * 1000)
+           for i in range(60)]
+    book.put(evs)
+    key = store.cursor_key
+    want = sorted(evs, key=lambda e: (-e["timestamp"], handles.event_id(key, e["message_id"])))
+    for n in (1, 5, 7):
+        hits = views.search_sessions(args("search_sessions", {"query": "disk quota exceeded", "n_hits": n}))
+        assert [h["id"] for h in hits["data"]["results"]] == [handles.event_id(key, e["message_id"]) for e in want[:n]]
+    assert used
+
+
 def test_search_scope_filters_and_truncation(store, book, views):
     agent_session(book, "claude-code:a", turns=3)
     agent_session(book, "codex:b", turns=1, harness="codex", source="codex")

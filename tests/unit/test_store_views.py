@@ -556,3 +556,20 @@ def test_reads_change_nothing(store, graph):
     sessions_all(store, limit=1)
     read(store, session_id="g", limit=1)
     assert live_state(store) == before_state and store.health() == before_health
+
+
+def test_many_equal_hits_come_by_importance_then_newest(store, monkeypatch):
+    # a pool of 60 messages of the same text (a session each: no neighbour adds to one) is ordered by
+    # importance in C first (MessageTable.importances, SearchIndex._tied_first); the page is still
+    # score, then importance, then the newer message
+    from storaged.search import SearchIndex
+    used = []
+    real = SearchIndex._tied_first
+    monkeypatch.setattr(SearchIndex, "_tied_first", staticmethod(lambda *a: used.append(1) or real(*a)))
+    ids = [write(store, f"s{i}", "disk quota exceeded on the build host", importance=(i * 7) % 5 * 10)["message"]
+           for i in range(60)]
+    want = [m["message_id"] for m in sorted(ids, key=lambda m: -m["metadata"]["importance"] * 10**6 - ids.index(m))]
+    for limit in (1, 5, 9):
+        got = [r["message_id"] for r in search(store, query="disk quota exceeded", limit=limit)["results"]]
+        assert got == want[:limit], limit
+    assert used
