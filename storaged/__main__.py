@@ -251,11 +251,11 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
             try:
                 # (a base due is left to the next start's background snapshot, when there are any)
                 moving = store.relocation_left()
-                if moving > STOP_RELOCATE_MAX:
+                if store.write_snapshot(base_later=server.snapshot_every_records > 0, relocate_max=STOP_RELOCATE_MAX):
+                    LOG.info("snapshot written in %.2f s", time.monotonic() - t1)
+                elif moving > STOP_RELOCATE_MAX:
                     LOG.info("no snapshot at this stop: %d messages were still moving to the rebuilt log; the "
                              "rebuild's snapshot stays, and the next start replays what was written after it", moving)
-                elif store.write_snapshot(base_later=server.snapshot_every_records > 0, relocate_max=STOP_RELOCATE_MAX):
-                    LOG.info("snapshot written in %.2f s", time.monotonic() - t1)
             except OSError as exc:
                 LOG.error("could not write the snapshot at shutdown (%s); the log is intact", exc.strerror)
             except Exception:   # a bug must not skip closing the log and removing the pid file

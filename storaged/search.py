@@ -155,20 +155,9 @@ _WINDOW_GIVE_UP = 0.5  # ... unless the windows still in the running hold more t
 _WINDOW_BUDGET = _ARRAY_POSTINGS  # postings it reads at most (the array kernel's budget; the rest probed)
 # postings a query may read to make window bounds over a keyed filter's docs (_accepted_bounds; ~5 ms at 5M)
 _FILTER_BOUNDS_BUDGET = 2_000_000
-# docs put in the doc map a step at a time when a load runs in steps (SearchIndex.load_steps)
-_DOCMAP_STEP = 1 << 18
-
-
-def _array_in_steps(code: str, values: np.ndarray) -> Generator[None, None, array]:
-    """``values`` as an array.array of ``code`` (the index's own tables are arrays, grown in place by
-    add()), _DOCMAP_STEP items a step: 5M slots' docs at once, 42 MB, took 17-66 ms of the loop."""
-    out = array(code)
-    raw = memoryview(values).cast("B")
-    step = _DOCMAP_STEP * out.itemsize
-    for a in range(0, len(raw), step):
-        out.frombytes(raw[a:a + step])
-        yield
-    return out
+# slots a load run in steps (SearchIndex.load_steps: a rebuild's install) handles a turn of the loop:
+# per-slot tables copied, the index's arrays made, docs put in the doc map
+_LOAD_STEP = 1 << 18
 _BOUND_CHUNK = 1 << 22  # postings a segment writer turns into bounds at once (its transient arrays)
 # Its accumulator is a float per slot (np.bincount, O(slots)) unless the index has more slots than
 # 8 per posting plus this many; then the postings are sorted instead (np.unique, O(P log P)).
@@ -283,6 +272,24 @@ def _impact_table(q: float, rows: int = 1 << _TF_BITS) -> list[float]:
     return t
 
 
+def _array_in_steps(code: str, values: np.ndarray) -> Generator[None, None, array]:
+    """``values`` as an array.array of ``code`` (the index's own tables are arrays, grown in place by
+    add()), _LOAD_STEP items a step: 5M slots' docs at once, 42 MB, took 17-66 ms of the loop."""
+    out = array(code)
+    raw = memoryview(values).cast("B")
+    step = _LOAD_STEP * out.itemsize
+    for a in range(0, len(raw), step):
+        out.frombytes(raw[a:a + step])
+        yield
+    return out
+
+
+def _concat_ranges(starts: np.ndarray, lens: np.ndarray, total: int) -> np.ndarray:
+    """The positions [starts[i], starts[i] + lens[i]) of every i, one after the other (``total``: the
+    lengths' sum): how the window kernel and the bounds writer gather many lists' pieces at once."""
+    return np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total)
+
+
 @lru_cache(maxsize=64)
 def _drift(q_then: float, q_now: float) -> float:
     """The most any impact at average length q_now exceeds the same key's at q_then (>= 1): a window
@@ -317,7 +324,7 @@ def _window_bounds(off: np.ndarray, slots: np.ndarray, keys: np.ndarray, lo: int
             j += 1
         run = long[i:j]
         starts, lens = off[run].astype(np.int64), counts[run].astype(np.int64)
-        at = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        at = _concat_ranges(starts, lens, int(lens.sum()))
         rank = np.repeat(np.arange(i, j, dtype=np.int64), lens)
         cell = rank * nw + ((slots[at].astype(np.int64) >> _WINDOW_SHIFT) - w_lo)  # ascending: lists in slot order
         imp = impacts[keys[at]]
@@ -1069,6 +1076,7 @@ class _Unmapped:
         self.segments = segments
 
     def release_step(self, n: int) -> bool:
+        """Let one segment go (whatever ``n``, which counts a part's objects); False once none is left."""
         if not self.segments:
             return False
         self.segments.pop()
@@ -2753,7 +2761,7 @@ class SearchIndex:
                 a, lens = a.ravel(), lens.ravel()
                 total = int(per_list.sum())
                 if total:
-                    at = np.repeat(a - (np.cumsum(lens) - lens), lens) + np.arange(total)
+                    at = _concat_ranges(a, lens, total)
                     sl = slots_all[at]
                     w_each, n_each = np.repeat(ws, per_list), np.repeat(nums, per_list)
                     if kept is not None:  # a row over all docs, under a filter: its kept postings
@@ -2767,7 +2775,7 @@ class SearchIndex:
                     lens = kstarts[c + 1] - a
                     total = int(lens.sum())
                     if total:
-                        at = k_at[np.repeat(a - (np.cumsum(lens) - lens), lens) + np.arange(total)] + np.int64(first)
+                        at = k_at[_concat_ranges(a, lens, total)] + np.int64(first)
                         parts_s.append(slots_all[at].astype(np.int64))
                         parts_v.append(imp[keys_all[at]] * w)
                         parts_n.append(np.full(total, num, np.int16))
@@ -3117,8 +3125,8 @@ class SearchIndex:
         for lo, hi, piece_docs, piece_lens in sorted(pieces, key=lambda p: p[0]):
             if lo != at:
                 raise SegmentInvalid("the per-slot tables do not cover every slot once")
-            for a in range(lo, hi, _DOCMAP_STEP):  # a piece a turn: a segment's pages may not be in memory
-                b = min(hi, a + _DOCMAP_STEP)
+            for a in range(lo, hi, _LOAD_STEP):  # a piece a turn: a segment's pages may not be in memory
+                b = min(hi, a + _LOAD_STEP)
                 docs[a:b] = piece_docs[a - lo:b - lo]
                 for f, x in enumerate(piece_lens):
                     lens[f][a:b] = x[a - lo:b - lo]
@@ -3145,10 +3153,10 @@ class SearchIndex:
         inside = live_docs < docmap_len
         table = np.full(min(docmap_len, top + 1 + (top >> 4) if top >= 0 else 0), -1, np.int32)
         yield
-        for a in range(0, len(live_docs), _DOCMAP_STEP):  # a piece a turn (all 5M at once: 25-60 ms)
-            piece, at = live_docs[a:a + _DOCMAP_STEP], live_slots[a:a + _DOCMAP_STEP]
-            keep = piece < docmap_len
-            table[piece[keep].astype(np.int64)] = at[keep]
+        for a in range(0, len(live_docs), _LOAD_STEP):  # a piece a turn (all 5M at once: 25-60 ms)
+            b = a + _LOAD_STEP
+            keep = inside[a:b]
+            table[live_docs[a:b][keep].astype(np.int64)] = live_slots[a:b][keep]
             yield
         extra = dict(zip(live_docs[~inside].tolist(), live_slots[~inside].tolist()))
         if np.count_nonzero(table >= 0) + len(extra) != len(live_docs):  # two slots wrote one entry

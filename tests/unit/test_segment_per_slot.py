@@ -74,7 +74,7 @@ def test_a_load_in_steps_puts_the_doc_map_together_a_piece_a_step(tmp_path, monk
     index = _index_with_segments(tmp_path, io)
     dump = msgpack.unpackb(msgpack.packb(index.dump(), use_bin_type=True), raw=False)
     whole = SearchIndex.load(dump, str(tmp_path), io)
-    monkeypatch.setattr(search_mod, "_DOCMAP_STEP", 64)
+    monkeypatch.setattr(search_mod, "_LOAD_STEP", 64)
     steps = SearchIndex.load_steps(dump, str(tmp_path), io)
     turns = 0
     try:
