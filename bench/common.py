@@ -175,7 +175,42 @@ def proc_mem(pid: int | str = "self") -> dict[str, float]:
             k, _, v = line.partition(":")
             if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
                 out[k] = round(int(v.split()[0]) / 1024, 1)
+    by_file = mapped_rss(pid)
+    if by_file:
+        out["RssFile_by"] = by_file
     return out
+
+
+def _file_kind(path: str) -> str:
+    """What a mapped file is, by its name (storaged/layout.py's names): what the breakdown sums by."""
+    name = os.path.basename(path)
+    if name.startswith("index.") and name.endswith(".seg"):
+        return "index segments"
+    if name.startswith("rows.") and name.endswith(".seg"):
+        return "row segments"
+    if name in ("log", "snapshot"):
+        return name
+    return "code and other"
+
+
+def mapped_rss(pid: int | str = "self") -> dict[str, float]:
+    """The resident pages of a process's file mappings, in MiB by kind of file (/proc/PID/smaps):
+    which of the daemon's files its RssFile is (a segment read whole at start, postings read by
+    queries) -- anonymous memory is left out (the status' RssAnon says it)."""
+    out: dict[str, float] = {}
+    path = None
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(None, 5)
+                if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                    path = head[5].strip() if len(head) == 6 and head[5].startswith("/") else None
+                elif path and head and head[0] == "Rss:":
+                    kind = _file_kind(path.removesuffix(" (deleted)"))
+                    out[kind] = out.get(kind, 0.0) + int(head[1]) / 1024
+    except OSError:
+        return {}
+    return {k: round(v, 1) for k, v in sorted(out.items())}
 
 
 def print_table(title: str, rows: list[list[Any]], header: list[str]) -> None:

@@ -18,7 +18,10 @@ printed from the merged results, so a re-run of one phase updates its rows only)
           imported, the idle daemon SIGKILLed and started again (the tail is replayed): same figures.
   search  the query mix (prompt words, error lines, Japanese keywords, common words, rare words): a
           warm-up pass, then one timed pass, as ``search_messages`` (limit 10) and as the history
-          interface's ``search_sessions`` (n_hits 10): p50/p95/p99 per kind and overall.
+          interface's ``search_sessions`` (n_hits 10): p50/p95/p99 per kind and overall; the memory
+          after it (RssFile by kind of file: ``bench.common.mapped_rss``), then after the daemon has
+          rested (it lets its mapped pages go: ``storaged.server.RELEASE_IDLE_S``), and the first
+          query of each kind after that rest beside the same query warm.
   wait    a probe client on its own socket sends ``ping`` every ~5 ms while another client, in turn,
           (a) repeats the heaviest search of the mix (the most common words), (b) runs
           ``rebuild_index`` to the end, (c) imports a burst of --burst events (fresh ids), enough to
@@ -65,7 +68,7 @@ from bench.history_bench import SqliteHistory, fts_query
 from protocol import history as H
 from protocol import limits as L
 from protocol import wire
-from storaged.server import SNAPSHOT_EVERY_RECORDS
+from storaged.server import RELEASE_IDLE_S, SNAPSHOT_EVERY_RECORDS
 
 PHASES = ("gen", "ingest", "start", "search", "wait", "write", "fts5")
 LIMIT = 10
@@ -281,6 +284,35 @@ class Bench:
                              ("search_sessions", lambda q: {"query": q, "n_hits": LIMIT})):
                 out[op] = time_queries(qs, lambda q: c.call(op, args(q)), hits=_hits[op])
         out["rss_after"] = self.mem()
+        with self.client() as c:
+            out["rested"] = self.rested(c, qs)
+        return out
+
+    def rested(self, c: Client, qs: list[tuple[str, str]]) -> dict[str, Any]:
+        """The daemon's memory once it has rested (server.RELEASE_IDLE_S with no request: it lets the
+        resident pages of its mapped files go, the page cache keeping them), and what the first
+        query of each kind after that rest costs (it maps back the pages it reads) beside the same
+        query once warm again."""
+        pid = self.running().pid
+        t0 = time.monotonic()
+        while True:   # polled from /proc (no request: one would restart the daemon's rest)
+            m = proc_mem(pid)
+            by = m.get("RssFile_by", {})
+            if by.get("index segments", 0) + by.get("row segments", 0) < 16 or \
+                    time.monotonic() - t0 > RELEASE_IDLE_S + 60:
+                break
+            time.sleep(0.5)
+        out: dict[str, Any] = {"waited_s": round(time.monotonic() - t0, 1), "rss": m}
+        first: dict[str, str] = {}
+        for kind, q in qs:
+            first.setdefault(kind, q)
+        for label in ("after_rest_ms", "warm_ms"):
+            lat = {}
+            for kind, q in first.items():
+                t1 = time.perf_counter()
+                c.call("search_messages", {"query": q, "limit": LIMIT})
+                lat[kind] = round((time.perf_counter() - t1) * 1000, 2)
+            out[label] = lat
         return out
 
     def wait(self) -> dict[str, Any]:
@@ -466,6 +498,8 @@ def table(res: dict[str, Any]) -> list[list[Any]]:
         ("daemon RSS after clean start MiB", g("start", "clean", "rss", "VmRSS"), None, "<=", 1024),
         ("daemon RSS after the query mix MiB", g("search", "rss_after", "VmRSS"), None, "<=", 1024),
         ("daemon anonymous RSS after the query mix MiB", g("search", "rss_after", "RssAnon"), None, "<=", 1024),
+        (f"daemon RSS after the mix and a {RELEASE_IDLE_S:.0f} s rest MiB", g("search", "rested", "rss", "VmRSS"), None,
+         "<=", 1024),
         ("start after clean stop, until it serves a search s", g("start", "clean", "first_search_s"),
          g("fts5", "open_first_search_s"), "<=", 2),
         ("start after SIGKILL (tail replayed), until it serves a search s", g("start", "sigkill", "first_search_s"),

@@ -11,6 +11,7 @@ import argparse
 import ipaddress
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -49,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--snapshot-every", type=int, default=None, metavar="RECORDS",
                    help="take a background snapshot after this many log records (default 50000; 0: only at "
                         "clean stops and rebuilds)")
+    p.add_argument("--release-idle-s", type=float, default=None, metavar="SECONDS",
+                   help="after this many seconds with no request, let go of the resident pages of the store's "
+                        "mapped files (the page cache keeps them; default 30; 0: never)")
     p.add_argument("--log-level", default=os.environ.get("CONVMEM_LOG_LEVEL", "INFO"))
     p.add_argument("--log-file", metavar="PATH",
                    help="once the store is open, append the log to PATH instead of stderr (what a front-end that "
@@ -199,6 +203,8 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
     server.identity = identity.identity(data_dir, store_id)
     if args.snapshot_every is not None:
         server.snapshot_every_records = max(0, args.snapshot_every)
+    if args.release_idle_s is not None:
+        server.release_idle_s = max(0.0, args.release_idle_s) if math.isfinite(args.release_idle_s) else 0.0
     try:
         server.bind()
     except zmq.ZMQError as exc:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import mmap
 import os
 import struct
 import sys
@@ -47,7 +48,7 @@ from protocol.validation import ULID_RE
 
 from .extfiles import ExtFiles, checked_sections, raw_entries
 from .model import Message, ext_key, shared_ext_from, shared_tags
-from .fileio import map_private
+from .fileio import drop_pages, map_private
 from .records import EXT, UPDATE, WRITE
 from .text import (TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, TextDamaged, location_from_parts,
                    location_parts)
@@ -750,6 +751,17 @@ class MessageTable:
         self.base = memoryview(mm)[at:at + end * _ROW_SIZE]
         self.nbase = end
         return True
+
+    def release_pages(self) -> int:
+        """Let the process's resident pages of the table's file mappings go where they are the file's
+        own (its rows' copy-on-write mapping keeps the rows written since: fileio.drop_pages), after a
+        start read every row through them once: the page cache keeps them. Bytes advised."""
+        done = drop_pages(self._base_map, private=True) if self._base_map is not None else 0
+        for arr in (self.keys, self.key_seqs):
+            under = arr.base.obj if isinstance(arr.base, memoryview) else arr.base
+            if isinstance(under, mmap.mmap):   # (_mapped: a read-only mapping of a base's section)
+                done += drop_pages(under, private=False)
+        return done
 
     def _merge_segment_keys(self, segments: list[tuple[dict[str, Any], list[int]]]) -> None:
         """The id lookup from the segments' sorted keys: each merged into the ones before it (a

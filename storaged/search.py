@@ -1083,6 +1083,26 @@ class _Unmapped:
         return True
 
 
+class _PagesLetGo:
+    """The segments of an index a rebuild installed, whose resident pages are let go one segment a
+    release step (Segment.release_pages): the install read every slot's tables through them, ~190 MB
+    at 5M events the kernel would count as the daemon's for as long as it runs. Held in the index's
+    release queue after the segments it replaced are gone."""
+
+    __slots__ = ("segments",)
+    nbytes = 0
+
+    def __init__(self, segments: list) -> None:
+        self.segments = segments
+
+    def release_step(self, n: int) -> bool:
+        """One segment's pages (whatever ``n``); False once none is left."""
+        if not self.segments:
+            return False
+        self.segments.pop().release_pages()
+        return True
+
+
 class _MemPart:
     """Postings held as Python objects by term id (the layout the module docstring describes),
     as a part of the index that queries read: the index's own live lists (a view made per query),
@@ -1262,7 +1282,7 @@ class SearchIndex:
         # the slots from _mem_lo on.
         self._parts: list = []
         self._mem_lo = 0
-        self._retired: list[_MemPart | _Unmapped] = []  # frozen lists a segment replaced, freed by idle_step()
+        self._retired: list[_MemPart | _Unmapped | _PagesLetGo] = []  # frozen lists a segment replaced, freed by idle_step() (and the like)
         self._hole: _MemPart | None = None  # the empty part of a reserved range (reserve())
 
     def _new_lists(self) -> None:
@@ -1547,6 +1567,15 @@ class SearchIndex:
         """Heap bytes of the postings no segment holds yet (the live lists): what a writer that
         builds a whole index (a rebuild's worker) writes out as a segment before it grows too big."""
         return self._lists_bytes() + sum(p.nbytes for p in self._parts if isinstance(p, _MemPart))
+
+    def segment_releasers(self) -> list:
+        """Each segment's release_pages, to call one at a time (Store.release_pages_step)."""
+        return [p.release_pages for p in self._parts if isinstance(p, Segment)]
+
+    def release_pages(self) -> int:
+        """Let the process's resident pages of the segments' mappings go (Segment.release_pages): a load
+        read each one's per-slot tables through it once. Bytes advised."""
+        return sum(p.release_pages() for p in self._parts if isinstance(p, Segment))
 
     def memory_bytes(self) -> int:
         """Heap bytes: the live lists, the frozen parts, the per-slot arrays and the tables (a
@@ -1854,6 +1883,9 @@ class SearchIndex:
         """Free ``old`` (the index this one replaces: a rebuild's install) in steps with the frozen
         lists (release_step), not at once: its live lists at 200k messages are millions of objects,
         ~0.2 s of the request loop to free together."""
+        own = [p for p in self._parts if isinstance(p, Segment)]
+        if own:
+            self._retired.insert(0, _PagesLetGo(own))  # (the last: after the old ones are gone)
         self._retired.extend(p for p in old._parts if isinstance(p, _MemPart))
         self._retired.extend(old._retired)
         self._retired.append(_MemPart(old._vocab, old._terms, old._slots, old._keys, old._maxtf, old._prefix,

@@ -59,6 +59,7 @@ which file belongs to which snapshot is the snapshot's business (its manifest).
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import struct
 import sys
@@ -70,7 +71,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from . import layout
-from .fileio import FileIO, Paced
+from .fileio import FileIO, Paced, drop_pages
 
 __all__ = ["Segment", "SegmentCheck", "SegmentInvalid", "DEFERRED", "write", "new_name", "is_segment_name", "is_index_segment_name",
            "is_rows_segment_name"]
@@ -403,6 +404,12 @@ class Segment:
         self.postings_count = sum(len(s) for s in self._slots)
 
     nbytes = 0  # on the heap: the mapping is the page cache's, not the daemon's
+
+    def release_pages(self) -> int:
+        """Let the process's resident pages of the mapping go (the page cache keeps them: the next read
+        maps them back without the disk): after a load has copied the per-slot tables out of it. Bytes advised."""
+        buf = self._buf
+        return drop_pages(buf, private=False) if isinstance(buf, mmap.mmap) else 0
 
     def check_body(self, io: FileIO, stop: threading.Event | None = None) -> None:
         """The file's CRC, head and body, read through the page cache (pread, not the mapping): raises

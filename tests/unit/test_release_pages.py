@@ -1,0 +1,158 @@
+"""Letting go of the resident pages of the store's file mappings (fileio.drop_pages, Store.release_pages,
+Store.release_pages_step): the process's RSS loses them, the page cache keeps them, and nothing the
+process wrote into a copy-on-write mapping — its only copy of a row changed since the snapshot — is
+ever dropped with them."""
+from __future__ import annotations
+
+import mmap
+import os
+
+import pytest
+
+from storaged.fileio import drop_pages, map_private
+from storaged.store import Store
+from tests.support.faultio import live_state, search, update, write
+
+PAGE = mmap.PAGESIZE
+
+
+def _resident_kib(path: str) -> int:
+    """KiB of this process's mappings of ``path`` resident in memory (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 5)
+            if head and "-" in head[0] and ":" not in head[0]:
+                inside = len(head) == 6 and head[5].strip().removesuffix(" (deleted)") == path
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+def _store_files_kib(d: str) -> dict[str, int]:
+    return {name: _resident_kib(os.path.join(d, name)) for name in os.listdir(d) if name.endswith(".seg")}
+
+
+needs_pagemap = pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="Linux's pagemap")
+
+
+@needs_pagemap
+def test_a_private_mapping_keeps_the_pages_it_wrote_and_lets_the_rest_go(tmp_path):
+    path = str(tmp_path / "f")
+    data = os.urandom(64 * PAGE)
+    with open(path, "wb") as f:
+        f.write(data)
+    st = os.stat(path)
+    mm, at = map_private(path, 0, len(data), (st.st_dev, st.st_ino, st.st_size))
+    assert at == 0
+    assert bytes(mm) == data  # every page read: resident
+    assert _resident_kib(path) >= 60 * PAGE // 1024
+    for page in (0, 3, 40, 63):   # written: the process's own copies, the file unchanged
+        mm[page * PAGE + 7:page * PAGE + 12] = b"write"
+    assert drop_pages(mm, private=True) > 0
+    assert _resident_kib(path) <= 4 * PAGE // 1024   # only the four written pages stay
+    expect = bytearray(data)
+    for page in (0, 3, 40, 63):
+        expect[page * PAGE + 7:page * PAGE + 12] = b"write"
+    assert bytes(mm) == bytes(expect)   # the written bytes kept, the rest read back from the file
+    with open(path, "rb") as f:
+        assert f.read() == data
+    mm.close()
+
+
+def test_a_shared_read_only_mapping_lets_every_page_go(tmp_path):
+    path = str(tmp_path / "f")
+    data = os.urandom(32 * PAGE)
+    with open(path, "wb") as f:
+        f.write(data)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    assert bytes(mm) == data
+    assert drop_pages(mm, private=False) == len(data)
+    assert _resident_kib(path) == 0
+    assert bytes(mm) == data
+    mm.close()
+
+
+def _big_store(d: str, n: int = 12_000) -> list[str]:
+    """A store whose snapshot maps a rows segment and index segments of a few MB each."""
+    store = Store.open(d)
+    ids = [write(store, f"s{i % 40}", f"note {i} about word{i % 997} and topic{i % 31} " + "x" * (i % 50),
+                 importance=1 + i % 3)["message"]["message_id"] for i in range(n)]
+    assert store.write_snapshot()
+    store.close()
+    return ids
+
+
+@needs_pagemap
+def test_a_start_leaves_none_of_its_files_pages_resident_and_a_changed_row_survives_a_release(tmp_path):
+    d = str(tmp_path / "data")
+    ids = _big_store(d)
+    store = Store.open(d)
+    try:
+        sizes = {name: os.path.getsize(os.path.join(d, name)) for name in os.listdir(d) if name.endswith(".seg")}
+        assert max(sizes.values()) > 1 << 20   # (a file under 1 MB is read, not mapped: nothing to see)
+        # the start read every row and every slot's tables through the mappings, and let them go
+        assert sum(_store_files_kib(d).values()) <= 64, _store_files_kib(d)
+        before = live_state(store)
+        assert search(store, query="word7 topic3", limit=5)["results"]
+        # a row of the mapped base changed: the process's own copy of its page
+        update(store, ids[5], content="changed after the snapshot", importance=3)
+        update(store, ids[-1], tags=["late"])
+        resident = sum(_store_files_kib(d).values())
+        assert resident > 0
+        assert store.release_pages() > 0
+        assert sum(_store_files_kib(d).values()) < resident
+        after = live_state(store)
+        assert after[ids[5]]["content"] == "changed after the snapshot" and after[ids[5]]["metadata"]["importance"] == 3
+        assert after[ids[-1]]["metadata"]["tags"] == ["late"]
+        expect = dict(before)
+        expect[ids[5]], expect[ids[-1]] = after[ids[5]], after[ids[-1]]
+        assert after == expect   # every other row read back from the file as it was
+        hits = search(store, query="changed after the snapshot", limit=3)["results"]
+        assert hits and hits[0]["message_id"] == ids[5]
+    finally:
+        store.close()
+
+
+@needs_pagemap
+def test_release_pages_step_goes_round_every_mapping_one_a_step(tmp_path):
+    d = str(tmp_path / "data")
+    _big_store(d)
+    store = Store.open(d)
+    try:
+        n_segments = store.index_segments()[0]
+        for _ in range(3):
+            assert search(store, query="word9 topic4 note", limit=10)["results"]
+            live_state(store)   # every row read through the table's mapping
+            assert sum(_store_files_kib(d).values()) > 0
+            steps = 1
+            while store.release_pages_step():
+                steps += 1
+            assert steps == n_segments + 1   # each segment, then the table
+            assert sum(_store_files_kib(d).values()) <= 64
+    finally:
+        store.close()
+
+
+@needs_pagemap
+def test_a_rebuild_lets_the_pages_its_install_read_go_in_release_steps(tmp_path):
+    from storaged import compaction
+    d = str(tmp_path / "data")
+    _big_store(d)
+    store = Store.open(d)
+    try:
+        before = live_state(store)
+        compaction.install(store, compaction.prepare(store))
+        new = store.search
+        steps = 0
+        while new._retired:
+            new.release_step()
+            steps += 1
+        assert steps >= 2
+        index_kib = {n: kib for n, kib in _store_files_kib(d).items() if n.startswith("index.")}
+        assert index_kib and sum(index_kib.values()) <= 64, index_kib
+        assert live_state(store) == before
+        assert search(store, query="word7 topic3", limit=5)["results"]
+    finally:
+        store.close()
