@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import mmap
 import os
@@ -313,10 +314,10 @@ def drop_pages(mm: mmap.mmap, private: bool) -> int:
     the kernel's pagemap tells the two apart, and only runs of unwritten pages are dropped. No other
     thread may write the mapping meanwhile (the request loop owns it). Returns the bytes advised
     (0 where the system cannot: no madvise, no pagemap)."""
-    size = len(mm)
-    if not size or not hasattr(mm, "madvise"):
-        return 0
     try:
+        size = len(mm)   # (ValueError once closed)
+        if not size or not hasattr(mm, "madvise"):
+            return 0
         if not private:
             mm.madvise(mmap.MADV_DONTNEED)
             return size
@@ -331,33 +332,60 @@ def drop_pages(mm: mmap.mmap, private: bool) -> int:
 
 def _unwritten_runs(mm: mmap.mmap) -> list[tuple[int, int]]:
     """The byte ranges (page-aligned) of a private mapping whose pages the process has not written:
-    none resident as anonymous memory nor swapped out. Empty if the pagemap cannot be read."""
+    none resident as anonymous memory nor swapped out. Empty — nothing may be dropped — if the
+    pagemap cannot be read or does not tell the truth (a kernel or sandbox that reports no flags
+    would make every written page look unwritten)."""
     page = mmap.PAGESIZE
-    view = ctypes.c_char.from_buffer(mm)   # a writable mapping's address (it is released below)
-    try:
-        addr = ctypes.addressof(view)
-    finally:
-        del view
-    n = (len(mm) + page - 1) // page
-    try:
-        fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    mm[0:1]   # the first page read: the pagemap must say it is present, or it cannot be believed
+    flags = _page_flags(mm, 0, (len(mm) + page - 1) // page)
+    if flags is None or not _pagemap_truthful() or not int(flags[0]) & _PM_PRESENT:
         return []
-    try:
-        raw = os.pread(fd, n * 8, addr // page * 8)
-    finally:
-        os.close(fd)
-    if len(raw) != n * 8:
-        return []
-    flags = np.frombuffer(raw, np.uint64)
     written = (((flags & np.uint64(_PM_PRESENT)) != 0) & ((flags & np.uint64(_PM_FILE)) == 0)) \
         | ((flags & np.uint64(_PM_SWAPPED)) != 0)
     cut = np.flatnonzero(written)
     starts = np.r_[0, cut + 1]
-    ends = np.r_[cut, n]
+    ends = np.r_[cut, len(flags)]
     keep = ends > starts
     size = len(mm)
     return [(int(a) * page, min(int(b) * page, size)) for a, b in zip(starts[keep], ends[keep])]
+
+
+def _page_flags(mm: mmap.mmap, first: int, n: int) -> np.ndarray | None:
+    """The pagemap entries (u64) of pages ``first`` to ``first + n`` of a writable mapping, or None."""
+    page = mmap.PAGESIZE
+    view = ctypes.c_char.from_buffer(mm)   # the mapping's address (the export is released below)
+    try:
+        addr = ctypes.addressof(view)
+    finally:
+        del view
+    try:
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.pread(fd, n * 8, (addr // page + first) * 8)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return np.frombuffer(raw, np.uint64) if len(raw) == n * 8 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _pagemap_truthful() -> bool:
+    """Whether this system's pagemap tells a written private page from an unwritten one: a private
+    anonymous page written must read present and not a file's, an untouched one not present."""
+    try:
+        probe = mmap.mmap(-1, 2 * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError, AttributeError):
+        return False
+    try:
+        probe[0:1] = b"x"
+        flags = _page_flags(probe, 0, 2)
+        return flags is not None and int(flags[0]) & (_PM_PRESENT | _PM_FILE) == _PM_PRESENT \
+            and not int(flags[1]) & _PM_PRESENT
+    finally:
+        probe.close()
 
 
 def create_private(path: str) -> int:

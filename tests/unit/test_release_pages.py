@@ -60,6 +60,33 @@ def test_a_private_mapping_keeps_the_pages_it_wrote_and_lets_the_rest_go(tmp_pat
     mm.close()
 
 
+@needs_pagemap
+def test_a_pagemap_that_reports_no_flags_drops_nothing_of_a_private_mapping(tmp_path, monkeypatch):
+    """A kernel or sandbox whose pagemap reads all zeros would make every written page look like the
+    file's: nothing is dropped then (the written rows would be lost)."""
+    import numpy as np
+    from storaged import fileio
+    path = str(tmp_path / "f")
+    data = os.urandom(16 * PAGE)
+    with open(path, "wb") as f:
+        f.write(data)
+    st = os.stat(path)
+    mm, _ = map_private(path, 0, len(data), (st.st_dev, st.st_ino, st.st_size))
+    assert bytes(mm) == data
+    mm[5 * PAGE:5 * PAGE + 5] = b"write"
+    monkeypatch.setattr(fileio, "_page_flags", lambda m, first, n: np.zeros(n, np.uint64))
+    fileio._pagemap_truthful.cache_clear()
+    try:
+        assert drop_pages(mm, private=True) == 0
+        assert _resident_kib(path) >= 15 * PAGE // 1024
+        assert mm[5 * PAGE:5 * PAGE + 5] == b"write"
+    finally:
+        monkeypatch.undo()
+        fileio._pagemap_truthful.cache_clear()
+    assert drop_pages(mm, private=True) > 0 and mm[5 * PAGE:5 * PAGE + 5] == b"write"
+    mm.close()
+
+
 def test_a_shared_read_only_mapping_lets_every_page_go(tmp_path):
     path = str(tmp_path / "f")
     data = os.urandom(32 * PAGE)
