@@ -20,7 +20,7 @@ import traceback
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Generator, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import msgpack
 
@@ -62,7 +62,7 @@ class Prepared:
     records_removed: int
     bytes_before: int
     seconds: float
-    rids: list[list[Any]]               # the request-id window written to the new log
+    rids: OrderedDict                   # the request-id window written to the new log (Store.rids' form)
     seqs: Sequence[int]                 # the seqs of the messages written, in that order (Store.relocate_step moves them)
     rows_name: str                      # the row segment (a base) the new snapshot names
 
@@ -180,7 +180,8 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     return Prepared(salt, size, len(live), len(checkpoint), rec_sizes, text_locs, meta_sizes,
                     checkpoint_sizes,
                     index, len(live), max(0, store.record_count - len(live)), bytes_before, time.monotonic() - t0,
-                    rids, array("Q", live.tobytes()), rows_name)
+                    OrderedDict((rid, (op, mid, rev, seen)) for rid, op, mid, rev, seen in rids),
+                    array("Q", live.tobytes()), rows_name)
 
 
 def install(store: Store, p: Prepared, background: bool = False) -> dict[str, Any]:
@@ -222,13 +223,14 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     store.start_relocation(text_fd, p.seqs, p.rec_sizes, p.text_locs, old_log)
     marks.append(("the log swapped", time.monotonic()))
     store.checkpoint_bytes = p.checkpoint_bytes
+    # (p's own dicts, taken over: copies of ~91k entries each cost the loop's turn ~5 ms at 5M events)
     store.session_meta = store.session_meta.only(p.meta_sizes)
-    store.meta_rec_sizes = dict(p.meta_sizes)
+    store.meta_rec_sizes = p.meta_sizes
     store.meta_bytes = sum(p.meta_sizes.values())
-    store.ingest.rec_sizes = dict(p.checkpoint_sizes)
+    store.ingest.rec_sizes = p.checkpoint_sizes
     store.ingest.live_bytes = sum(p.checkpoint_sizes.values())
     store.record_count = p.record_count
-    store.rids = OrderedDict((rid, (op, mid, rev, seen)) for rid, op, mid, rev, seen in p.rids)
+    store.rids = p.rids   # (made while the result was read: 100k entries took the install 40-70 ms)
     store.update_records = 0
     store.deleted_messages = 0
     marks.append(("the metadata kept", time.monotonic()))
@@ -380,6 +382,18 @@ RESULT_ARRAYS = ("rec_sizes", "loc_pos", "loc_rest", "seqs")
 # ~170 MB, which read and decoded at once held the loop 217-229 ms, and a 16 MiB turn read from the disk
 # (the page cache had let the file go) 62 ms
 RESULT_CHUNK = 4 << 20
+# entries of the result's big lists (session metadata sizes, request ids) decoded a turn (~3-5 ms)
+DECODE_STEP = 16_384
+
+
+def _decoded_in_steps(raw: bytes, put: Callable[[Any], None]) -> Generator[None, None, None]:
+    """Each item of the msgpack array ``raw`` given to ``put``, DECODE_STEP a turn of the loop."""
+    unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(raw), 1))
+    unpacker.feed(raw)
+    for i in range(unpacker.read_array_header()):
+        if i % DECODE_STEP == DECODE_STEP - 1:
+            yield
+        put(unpacker.unpack())
 
 
 def run_child(store: Store) -> int:
@@ -398,7 +412,8 @@ def run_child(store: Store) -> int:
             "meta_sizes": msgpack.packb(list(p.meta_sizes.items()), use_bin_type=True),
             "checkpoint_sizes": [[src, key, n] for (src, key), n in p.checkpoint_sizes.items()],
             "index": p.search.dump(), "records_removed": p.records_removed, "bytes_before": p.bytes_before,
-            "seconds": p.seconds, "rids": msgpack.packb(p.rids, use_bin_type=True), "rows_name": p.rows_name,
+            "seconds": p.seconds, "rids": msgpack.packb([[rid, *v] for rid, v in p.rids.items()], use_bin_type=True),
+            "rows_name": p.rows_name,
         }}
     except Exception as exc:
         arrays = []
@@ -477,11 +492,12 @@ def read_result_steps(store: Store) -> Generator[None, None, tuple[str, Any]]:
     search = yield from SearchIndex.load_steps(r["index"], store.dir, store.io, verify=False)
     yield
     # a session's metadata record size and the request ids: ~91k and up to 100k entries at 5M events,
-    # decoded in a turn each (the head with them in it took 38 ms)
-    meta_sizes = dict(msgpack.unpackb(r["meta_sizes"], raw=False, use_list=True))
+    # decoded DECODE_STEP a turn (the head with them in it took 38 ms; each list in one turn, up to 119)
+    meta_sizes: dict[str, int] = {}
+    yield from _decoded_in_steps(r["meta_sizes"], lambda e: meta_sizes.__setitem__(e[0], e[1]))
     checkpoint_sizes = {(src, key): n for src, key, n in r["checkpoint_sizes"]}
-    yield
-    rids = msgpack.unpackb(r["rids"], raw=False, use_list=True)
+    rids: OrderedDict = OrderedDict()
+    yield from _decoded_in_steps(r["rids"], lambda e: rids.__setitem__(e[0], tuple(e[1:])))
     return "ok", Prepared(
         r["salt"], r["log_size"], r["record_count"], r["checkpoint_bytes"], got["rec_sizes"],
         PackedLocations(memoryview(got["loc_pos"]).cast("B"), memoryview(got["loc_rest"]).cast("B")),

@@ -52,6 +52,10 @@ def test_the_workers_result_installs_what_a_rebuild_in_one_thread_does(tmp_path)
     compaction.discard(sb)
     assert reply["status"] == "OK" and reply["messages_indexed"] == len(live_state(sa))
     assert live_state(sb) == live_state(sa)
+    # the request ids (a retry after the rebuild is answered as before it) and the record sizes
+    assert sb.rids and list(sb.rids.items()) == list(sa.rids.items())
+    assert (sb.meta_rec_sizes, sb.meta_bytes) == (sa.meta_rec_sizes, sa.meta_bytes)
+    assert (sb.ingest.rec_sizes, sb.ingest.live_bytes) == (sa.ingest.rec_sizes, sa.ingest.live_bytes)
     for q in ("tokyo7", "日本語", "edited"):
         assert search(sb, query=q) == search(sa, query=q)
     assert sb.health()["log_size"] == sa.health()["log_size"]
@@ -201,6 +205,7 @@ def test_the_result_is_read_a_chunk_a_turn_and_a_truncated_one_is_refused(tmp_pa
     path = compaction.result_path(s)
     size = os.path.getsize(path)
     monkeypatch.setattr(compaction, "RESULT_CHUNK", 64)
+    monkeypatch.setattr(compaction, "DECODE_STEP", 2)   # the big lists of the head: two entries a turn
     steps = compaction.read_result_steps(s)
     turns = 0
     try:
@@ -209,8 +214,11 @@ def test_the_result_is_read_a_chunk_a_turn_and_a_truncated_one_is_refused(tmp_pa
             turns += 1
     except StopIteration as stop:
         kind, prepared = stop.value
-    assert kind == "ok" and turns >= 4 * (8 * prepared.record_count // 64)
+    assert len(s.rids) >= 10
+    assert kind == "ok" and turns >= 4 * (8 * prepared.record_count // 64) + len(s.rids) // 2
     assert list(prepared.seqs) == list(s.by_seq)
+    assert list(prepared.rids.items()) == list(s.rids.items())
+    assert set(prepared.meta_sizes) == set(s.session_meta)
     with open(path, "r+b") as f:
         f.truncate(size - 8)
     kind, reply = compaction.read_result(s)
