@@ -23,7 +23,8 @@ printed from the merged results, so a re-run of one phase updates its rows only)
           rested (it lets its mapped pages go: ``storaged.server.RELEASE_IDLE_S``), and the first
           query of each kind after that rest beside the same query warm.
   wait    a probe client on its own socket sends ``ping`` every ~5 ms while another client, in turn,
-          (a) repeats the heaviest search of the mix (the most common words), (b) runs
+          (a) sends the heaviest search of the mix (the most common words) once — the daemon's first
+          request, which maps back the pages it reads — then repeats it for 3 s, (b) runs
           ``rebuild_index`` to the end, (c) imports a burst of --burst events (fresh ids), enough to
           make the daemon fork a background snapshot, and waits for it to be installed (the daemon's
           log says when). Per part: the probe's p50/p99/max and how many pings waited > 50 ms.
@@ -355,8 +356,16 @@ class Bench:
                         "snapshot_installed": _installed(d.stderr()[len(log0):]),
                         "seconds": round(time.perf_counter() - t0, 2)}
 
-            for name, work in (("search", heavy_search), ("rebuild", rebuild), ("snapshot", burst)):
-                if name in self.a.wait_probes.split(","):
+            def first_search() -> dict[str, Any]:
+                # the daemon's first request after its start maps back the pages it reads (the start
+                # let go of what it read itself): its own row, so that the steady one means one thing
+                t0 = time.perf_counter()
+                c.call("search_messages", {"query": heavy, "limit": LIMIT})
+                return {"ms": round((time.perf_counter() - t0) * 1000, 2)}
+
+            for name, work in (("search_first", first_search), ("search", heavy_search), ("rebuild", rebuild),
+                               ("snapshot", burst)):
+                if name.removesuffix("_first") in self.a.wait_probes.split(","):
                     out[name] = probed(d, work)
         return out
 
@@ -451,7 +460,7 @@ def time_queries(qs: list[tuple[str, str]], run: Callable[[str], Any], hits: Cal
 def probed(d: Daemon, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run ``work`` while a probe client pings the daemon every ~5 ms on its own socket; the probe's
     latencies say how long a cheap request waited behind the work."""
-    stop = threading.Event()
+    stop, live = threading.Event(), threading.Event()
     lat: list[float] = []
     lost = [0]
 
@@ -463,10 +472,12 @@ def probed(d: Daemon, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
                     lat.append(time.perf_counter() - t0)
                 else:
                     lost[0] += 1
+                live.set()
                 stop.wait(max(0.0, PROBE_EVERY_S - (time.perf_counter() - t0)))
 
     t = threading.Thread(target=probe, name="probe", daemon=True)
     t.start()
+    live.wait(LONG_MS / 1000)   # the work starts once the probe is connected (a short one is covered too)
     try:
         res = work()
     finally:
@@ -508,7 +519,10 @@ def table(res: dict[str, Any]) -> list[list[Any]]:
         ("search_messages p99 ms", g(*sm, "p99"), g(*fs, "p99"), "<=", 100),
         ("search_sessions p50 ms", g(*ss, "p50"), g(*fs, "p50"), "<=", 10),
         ("search_sessions p99 ms", g(*ss, "p99"), g(*fs, "p99"), "<=", 100),
-        ("longest wait behind the heaviest search ms", g("wait", "search", "probe", "max"), None, "<=", WAIT_GOAL_MS),
+        ("longest wait behind the heaviest search's first request after a start ms",
+         g("wait", "search_first", "probe", "max"), None, "<=", WAIT_GOAL_MS),
+        ("longest wait behind the heaviest search (steady) ms", g("wait", "search", "probe", "max"), None, "<=",
+         WAIT_GOAL_MS),
         ("longest wait behind rebuild_index ms", g("wait", "rebuild", "probe", "max"), None, "<=", WAIT_GOAL_MS),
         ("longest wait behind a write burst + background snapshot ms", g("wait", "snapshot", "probe", "max"), None,
          "<=", WAIT_GOAL_MS),

@@ -41,13 +41,13 @@ def test_bench_scale_tiny(tmp_path):
     assert res["fts5"]["events"] == res["gen"]["messages"]
     assert res["start"]["sigkill"]["tail_events"] == 200
     assert res["wait"]["rebuild"]["ok"] and res["wait"]["snapshot"]["events"] == 500
-    for part in ("search", "rebuild", "snapshot"):
+    for part in ("search_first", "search", "rebuild", "snapshot"):
         assert res["wait"][part]["probe"]["n"] > 0
     for kind in ("prompt", "error", "common", "rare", "all"):
         assert res["search"]["search_messages"]["latency_ms"][kind]["n"] > 0
     rested = res["search"]["rested"]
     assert rested["rss"]["VmRSS"] > 0 and set(rested["after_rest_ms"]) == set(rested["warm_ms"]) >= {"prompt", "rare"}
-    assert len(res["table"]) == 18
+    assert len(res["table"]) == 19
     for label, ours, fts5, _target, met in res["table"]:
         assert ours != "-", label
         assert (fts5 != "-") == label.startswith(FTS5_ROWS), label
