@@ -23,6 +23,7 @@ from protocol.config import (DAEMON_EXIT_CANNOT_START, DAEMON_EXIT_LOCKED, DAEMO
                              curve_clients_dir, default_data_dir, default_endpoint)
 
 from . import datadir, identity
+from .fileio import set_drop_pages
 from .salvage import salvage
 from .server import Server, install_signal_handlers
 from .store import Store
@@ -52,7 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "clean stops and rebuilds)")
     p.add_argument("--release-idle-s", type=float, default=None, metavar="SECONDS",
                    help="after this many seconds with no request, let go of the resident pages of the store's "
-                        "mapped files (the page cache keeps them; default 30; 0: never)")
+                        "mapped files (the page cache keeps them; default 30; 0: never, not even those a start or "
+                        "a rebuild read)")
     p.add_argument("--log-level", default=os.environ.get("CONVMEM_LOG_LEVEL", "INFO"))
     p.add_argument("--log-file", metavar="PATH",
                    help="once the store is open, append the log to PATH instead of stderr (what a front-end that "
@@ -205,6 +207,7 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
         server.snapshot_every_records = max(0, args.snapshot_every)
     if args.release_idle_s is not None:
         server.release_idle_s = max(0.0, args.release_idle_s) if math.isfinite(args.release_idle_s) else 0.0
+        set_drop_pages(server.release_idle_s > 0)   # 0: never, not after a start or a rebuild either
     try:
         server.bind()
     except zmq.ZMQError as exc:

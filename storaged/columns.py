@@ -752,16 +752,21 @@ class MessageTable:
         self.nbase = end
         return True
 
-    def release_pages(self) -> int:
-        """Let the process's resident pages of the table's file mappings go where they are the file's
-        own (its rows' copy-on-write mapping keeps the rows written since: fileio.drop_pages), after a
-        start read every row through them once: the page cache keeps them. Bytes advised."""
-        done = drop_pages(self._base_map, private=True) if self._base_map is not None else 0
+    def mappings(self) -> list[tuple[mmap.mmap, bool]]:
+        """The table's file mappings and whether each is private (copy-on-write: the rows', which keeps
+        the rows written since the snapshot) or a read-only one (a base's id keys, ``_mapped``)."""
+        out = [(self._base_map, True)] if self._base_map is not None else []
         for arr in (self.keys, self.key_seqs):
             under = arr.base.obj if isinstance(arr.base, memoryview) else arr.base
-            if isinstance(under, mmap.mmap):   # (_mapped: a read-only mapping of a base's section)
-                done += drop_pages(under, private=False)
-        return done
+            if isinstance(under, mmap.mmap):
+                out.append((under, False))
+        return out
+
+    def release_pages(self) -> int:
+        """Let the process's resident pages of the table's file mappings go where they are the file's
+        own (fileio.drop_pages), after a start read every row through them once: the page cache keeps
+        them. Bytes advised."""
+        return sum(drop_pages(mm, private) for mm, private in self.mappings())
 
     def _merge_segment_keys(self, segments: list[tuple[dict[str, Any], list[int]]]) -> None:
         """The id lookup from the segments' sorted keys: each merged into the ones before it (a

@@ -300,54 +300,85 @@ def map_private(path: str, offset: int, length: int, identity: tuple[int, int, i
 _PM_PRESENT = 1 << 63
 _PM_SWAPPED = 1 << 62
 _PM_FILE = 1 << 61
+# the pages of a private mapping looked at (and advised) at once: at most half as many madvise calls
+# (one per run of unwritten pages holding a resident one; ~3 µs each), so a step stays a few ms
+# however scattered the written rows are
+DROP_WINDOW_PAGES = 4096
+_dropping = True   # set_drop_pages
 
 
-def drop_pages(mm: mmap.mmap, private: bool) -> int:
-    """Let go of the process's resident pages of a file mapping (``madvise(MADV_DONTNEED)``) where they
-    are the file's own: the page cache keeps them, so a later read maps them back without the disk, and
-    meanwhile they are not the daemon's resident memory. Why: a start reads every row of the table and
-    every slot's tables of the index through their mappings once (~0.6 GB at five million events), and
-    the kernel counted each page read as the daemon's RSS for as long as it lived.
+def set_drop_pages(enabled: bool) -> None:
+    """Whether ``drop_pages`` does anything in this process (``--release-idle-s 0``: never; a switch for
+    a platform whose madvise or pagemap misbehaves)."""
+    global _dropping
+    _dropping = enabled
 
-    A shared mapping (``private`` False: read-only segments) holds only the file's pages. A private
-    (copy-on-write) one may hold pages the process wrote — its only copy of them — so those are kept:
-    the kernel's pagemap tells the two apart, and only runs of unwritten pages are dropped. No other
-    thread may write the mapping meanwhile (the request loop owns it). Returns the bytes advised
-    (0 where the system cannot: no madvise, no pagemap)."""
+
+def page_count(mm: mmap.mmap) -> int:
+    """The pages of a mapping (the windows ``drop_pages`` takes count in them); 0 once closed."""
     try:
-        size = len(mm)   # (ValueError once closed)
-        if not size or not hasattr(mm, "madvise"):
-            return 0
-        if not private:
-            mm.madvise(mmap.MADV_DONTNEED)
-            return size
-        dropped = 0
-        for a, b in _unwritten_runs(mm):
-            mm.madvise(mmap.MADV_DONTNEED, a, b - a)
-            dropped += b - a
-        return dropped
-    except (OSError, ValueError, AttributeError):
+        return (len(mm) + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    except ValueError:
         return 0
 
 
-def _unwritten_runs(mm: mmap.mmap) -> list[tuple[int, int]]:
-    """The byte ranges (page-aligned) of a private mapping whose pages the process has not written:
-    none resident as anonymous memory nor swapped out. Empty — nothing may be dropped — if the
-    pagemap cannot be read or does not tell the truth (a kernel or sandbox that reports no flags
-    would make every written page look unwritten)."""
+def drop_pages(mm: mmap.mmap, private: bool, first: int = 0, count: int | None = None) -> int:
+    """Let go of the process's resident pages of a file mapping (``madvise(MADV_DONTNEED)``) where they
+    are the file's own — pages ``first`` to ``first + count`` (all by default): the page cache keeps
+    them, so a later read maps them back without the disk, and meanwhile they are not the daemon's
+    resident memory. Why: a start reads every row of the table and every slot's tables of the index
+    through their mappings once (~0.6 GB at five million events), a query mix the postings it reads
+    (~2 GB), and the kernel counted each page read as the daemon's RSS for as long as it lived.
+
+    A shared mapping (``private`` False: read-only segments) holds only the file's pages. A private
+    (copy-on-write) one may hold pages the process wrote — its only copy of them — so those are kept:
+    the kernel's pagemap tells the two apart, and only runs of unwritten pages holding a resident one
+    are advised, DROP_WINDOW_PAGES at a time. No other thread may write the mapping meanwhile (the
+    request loop owns it). Returns the bytes advised (0 where the system cannot or may not: no
+    madvise, no pagemap that tells the truth, ``set_drop_pages(False)``)."""
+    try:
+        if not _dropping or not hasattr(mm, "madvise"):
+            return 0
+        page, size = mmap.PAGESIZE, len(mm)   # (ValueError once closed)
+        end = page_count(mm) if count is None else min(page_count(mm), first + count)
+        if first >= end:
+            return 0
+        if not private:
+            length = min(end * page, size) - first * page
+            mm.madvise(mmap.MADV_DONTNEED, first * page, length)
+            return length
+        if not _pagemap_truthful():
+            return 0
+        dropped = 0
+        for at in range(first, end, DROP_WINDOW_PAGES):
+            for a, b in _unwritten_runs(mm, at, min(end, at + DROP_WINDOW_PAGES)):
+                mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+                dropped += b - a
+        return dropped
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def _unwritten_runs(mm: mmap.mmap, first: int, end: int) -> list[tuple[int, int]]:
+    """The byte ranges of pages ``first`` to ``end`` of a private mapping that the process has not
+    written (neither resident as anonymous memory nor swapped out), each holding a resident page
+    (a run of pages none of which is resident has nothing to let go). Empty — nothing may be
+    dropped — if the pagemap cannot be read or does not look true: the window's first page, just
+    read, must read present."""
     page = mmap.PAGESIZE
-    mm[0:1]   # the first page read: the pagemap must say it is present, or it cannot be believed
-    flags = _page_flags(mm, 0, (len(mm) + page - 1) // page)
-    if flags is None or not _pagemap_truthful() or not int(flags[0]) & _PM_PRESENT:
+    mm[first * page:first * page + 1]   # read: the pagemap must say it is present, or it cannot be believed
+    flags = _page_flags(mm, first, end - first)
+    if flags is None or not int(flags[0]) & _PM_PRESENT:
         return []
-    written = (((flags & np.uint64(_PM_PRESENT)) != 0) & ((flags & np.uint64(_PM_FILE)) == 0)) \
-        | ((flags & np.uint64(_PM_SWAPPED)) != 0)
+    present = (flags & np.uint64(_PM_PRESENT)) != 0
+    written = (present & ((flags & np.uint64(_PM_FILE)) == 0)) | ((flags & np.uint64(_PM_SWAPPED)) != 0)
     cut = np.flatnonzero(written)
     starts = np.r_[0, cut + 1]
     ends = np.r_[cut, len(flags)]
-    keep = ends > starts
+    resident = np.r_[0, np.cumsum(present & ~written)]   # unwritten resident pages before each page
+    keep = (ends > starts) & (resident[ends] > resident[starts])
     size = len(mm)
-    return [(int(a) * page, min(int(b) * page, size)) for a, b in zip(starts[keep], ends[keep])]
+    return [((first + int(a)) * page, min((first + int(b)) * page, size)) for a, b in zip(starts[keep], ends[keep])]
 
 
 def _page_flags(mm: mmap.mmap, first: int, n: int) -> np.ndarray | None:
@@ -373,19 +404,35 @@ def _page_flags(mm: mmap.mmap, first: int, n: int) -> np.ndarray | None:
 
 @functools.lru_cache(maxsize=1)
 def _pagemap_truthful() -> bool:
-    """Whether this system's pagemap tells a written private page from an unwritten one: a private
-    anonymous page written must read present and not a file's, an untouched one not present."""
+    """Whether this system's pagemap tells, in a private mapping of a file, a page the process wrote
+    from one it only read — what drop_pages relies on: a probe file (memfd) of two pages mapped
+    copy-on-write, one read (present, a file's), one written (present, not a file's). Any other
+    answer, or no way to ask: never trusted. (An untouched page may read present: the kernel maps a
+    read's neighbours in the page cache with it.)"""
+    page = mmap.PAGESIZE
     try:
-        probe = mmap.mmap(-1, 2 * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    except (OSError, ValueError, AttributeError):
+        fd = os.memfd_create("convmem-pagemap-probe", os.MFD_CLOEXEC)
+    except (OSError, AttributeError):
         return False
     try:
-        probe[0:1] = b"x"
+        os.ftruncate(fd, 2 * page)
+        os.pwrite(fd, b"p" * (2 * page), 0)
+        probe = mmap.mmap(fd, 2 * page, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, ValueError):
+        os.close(fd)
+        return False
+    try:
+        probe[0:1]
+        probe[page:page + 1] = b"x"
         flags = _page_flags(probe, 0, 2)
-        return flags is not None and int(flags[0]) & (_PM_PRESENT | _PM_FILE) == _PM_PRESENT \
-            and not int(flags[1]) & _PM_PRESENT
+        if flags is None:
+            return False
+        read, written = (int(f) for f in flags)
+        return (read & (_PM_PRESENT | _PM_FILE) == _PM_PRESENT | _PM_FILE
+                and written & (_PM_PRESENT | _PM_FILE) == _PM_PRESENT)
     finally:
         probe.close()
+        os.close(fd)
 
 
 def create_private(path: str) -> int:

@@ -374,7 +374,9 @@ class Server:
                         size += sum(map(len, body))
                 if batch:
                     t0 = self._active_at = time.monotonic()
-                    self._pages_let_go = False
+                    if self.store is not None:
+                        self._pages_let_go = False
+                        self.store.release_pages_restart()
                     self._serve_batch(batch)
                     self._busy_work()
                     self._note_slow(t0, lambda: f"a batch of {len(batch)} request(s)")

@@ -19,6 +19,7 @@ clock and request-id window).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -39,7 +40,7 @@ from . import log as logfile
 from . import records
 from . import snapshot
 from .columns import ETYPE_CODE, MessageTable
-from .fileio import FileIO
+from .fileio import DROP_WINDOW_PAGES, FileIO, drop_pages, page_count
 from .handles import session_digest
 from .idgen import IdClock, ulid_ms
 from .indexes import IndexSizes, RelationIndex, Session, SessionKeys, SessionMap, TouchIndex, sessions_from_table
@@ -282,19 +283,29 @@ class Store:
         return self.table.release_pages() + self._index.release_pages()   # (not .search: it indexes the queue)
 
     def release_pages_step(self) -> bool:
-        """One step of ``release_pages`` while the daemon rests: the table's mappings, then one segment a
-        step (each well under a millisecond; the table's ~6 ms at 5M events). Why: a query mix reads
-        ~2 GB of a 5M store's postings through the segments' mappings, which the kernel then counts as
-        the daemon's until something lets them go. False once a round has ended (the next call starts
-        another); the segments are looked up at each step (a merge may have replaced some)."""
+        """One step of ``release_pages`` while the daemon rests: a segment, or DROP_WINDOW_PAGES pages of
+        the table's rows, or one of its other mappings (each at most a few ms at 5M events). Why: a
+        query mix reads ~2 GB of a 5M store's postings through the segments' mappings, which the
+        kernel then counts as the daemon's until something lets them go. False once a round has ended
+        (the next call starts another); what there is to let go is looked up at each step (a merge may
+        have replaced a segment; ``release_pages_restart`` after a request starts the round over)."""
+        units: list[Callable[[], int]] = self._index.segment_releasers()
+        for mm, private in self.table.mappings():
+            if private:
+                units += [functools.partial(drop_pages, mm, True, at, DROP_WINDOW_PAGES)
+                          for at in range(0, page_count(mm), DROP_WINDOW_PAGES)]
+            else:
+                units.append(functools.partial(drop_pages, mm, False))
         step = self._pages_next
-        releasers = self._index.segment_releasers()
-        if step < len(releasers):
-            releasers[step]()
-        else:
-            self.table.release_pages()
-        self._pages_next = step + 1 if step < len(releasers) else 0
+        if step < len(units):
+            units[step]()
+        self._pages_next = step + 1 if step + 1 < len(units) else 0
         return self._pages_next != 0
+
+    def release_pages_restart(self) -> None:
+        """The next release_pages_step starts a round from its first step (a request may have read
+        what the round already let go)."""
+        self._pages_next = 0
 
     def _load_cursor_key(self) -> None:
         path = os.path.join(self.dir, layout.CURSOR_KEY)

@@ -4,6 +4,7 @@ process wrote into a copy-on-write mapping — its only copy of a row changed si
 ever dropped with them."""
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 
@@ -87,6 +88,57 @@ def test_a_pagemap_that_reports_no_flags_drops_nothing_of_a_private_mapping(tmp_
     mm.close()
 
 
+def _private_written(tmp_path, pages: int = 16, written: tuple = (5,)):
+    path = str(tmp_path / "f")
+    data = os.urandom(pages * PAGE)
+    with open(path, "wb") as f:
+        f.write(data)
+    st = os.stat(path)
+    mm, _ = map_private(path, 0, len(data), (st.st_dev, st.st_ino, st.st_size))
+    assert bytes(mm) == data
+    for page in written:
+        mm[page * PAGE:page * PAGE + 5] = b"write"
+    return path, mm
+
+
+@needs_pagemap
+@pytest.mark.parametrize("lie", ["every page a file's", "the probe true, the mapping all zeros"])
+def test_a_pagemap_that_lies_drops_nothing_of_a_private_mapping(tmp_path, monkeypatch, lie):
+    """A pagemap that calls every page a file's (only the probe of a written private page catches it),
+    or that tells the probe the truth and the mapping nothing (the window's first page, just read, reads
+    not present; and no page reads resident): nothing is dropped."""
+    import numpy as np
+    from storaged import fileio
+    path, mm = _private_written(tmp_path)
+    real = fileio._page_flags
+    if lie == "every page a file's":
+        fake = lambda m, first, n: np.full(n, fileio._PM_PRESENT | fileio._PM_FILE, np.uint64)  # noqa: E731
+    else:
+        fake = lambda m, first, n: real(m, first, n) if m is not mm else np.zeros(n, np.uint64)  # noqa: E731
+    monkeypatch.setattr(fileio, "_page_flags", fake)
+    fileio._pagemap_truthful.cache_clear()
+    try:
+        assert drop_pages(mm, private=True) == 0
+        assert mm[5 * PAGE:5 * PAGE + 5] == b"write" and _resident_kib(path) >= 15 * PAGE // 1024
+    finally:
+        monkeypatch.undo()
+        fileio._pagemap_truthful.cache_clear()
+    mm.close()
+
+
+def test_the_runs_let_go_skip_written_and_swapped_pages_and_runs_with_nothing_resident(monkeypatch):
+    import numpy as np
+    from storaged import fileio
+    P, F, S = fileio._PM_PRESENT, fileio._PM_FILE, fileio._PM_SWAPPED
+    #        0      1  2      3  4  5  6  7  8
+    flags = [P | F, S, P | F, 0, P, 0, 0, P, P | F]   # 1 swapped, 4 and 7 written; 5-6 nothing resident
+    monkeypatch.setattr(fileio, "_page_flags", lambda m, first, n: np.asarray(flags[first:first + n], np.uint64))
+    mm = mmap.mmap(-1, 9 * PAGE, flags=mmap.MAP_PRIVATE)
+    assert fileio._unwritten_runs(mm, 0, 9) == [(0, PAGE), (2 * PAGE, 4 * PAGE), (8 * PAGE, 9 * PAGE)]
+    assert fileio._unwritten_runs(mm, 5, 7) == []   # (its first page must read present)
+    mm.close()
+
+
 def test_a_shared_read_only_mapping_lets_every_page_go(tmp_path):
     path = str(tmp_path / "f")
     data = os.urandom(32 * PAGE)
@@ -106,8 +158,11 @@ def _big_store(d: str, n: int = 12_000) -> list[str]:
     store = Store.open(d)
     ids = [write(store, f"s{i % 40}", f"note {i} about word{i % 997} and topic{i % 31} " + "x" * (i % 50),
                  importance=1 + i % 3)["message"]["message_id"] for i in range(n)]
+    assert store.search.doc_count() == n   # (indexed: the snapshot writes the index as a segment)
     assert store.write_snapshot()
     store.close()
+    del store
+    gc.collect()   # (this process's writing store maps the segment too, until it is collected)
     return ids
 
 
@@ -118,7 +173,8 @@ def test_a_start_leaves_none_of_its_files_pages_resident_and_a_changed_row_survi
     store = Store.open(d)
     try:
         sizes = {name: os.path.getsize(os.path.join(d, name)) for name in os.listdir(d) if name.endswith(".seg")}
-        assert max(sizes.values()) > 1 << 20   # (a file under 1 MB is read, not mapped: nothing to see)
+        # (a file under 1 MB is read, not mapped: nothing to see)
+        assert all(max(n for k, n in sizes.items() if k.startswith(kind)) > 1 << 20 for kind in ("rows.", "index."))
         # the start read every row and every slot's tables through the mappings, and let them go
         assert sum(_store_files_kib(d).values()) <= 64, _store_files_kib(d)
         before = live_state(store)
@@ -143,12 +199,19 @@ def test_a_start_leaves_none_of_its_files_pages_resident_and_a_changed_row_survi
 
 
 @needs_pagemap
-def test_release_pages_step_goes_round_every_mapping_one_a_step(tmp_path):
+def test_release_pages_step_goes_round_every_mapping_one_a_step(tmp_path, monkeypatch):
+    from storaged import fileio
     d = str(tmp_path / "data")
     _big_store(d)
     store = Store.open(d)
     try:
+        from storaged import store as store_module
+        monkeypatch.setattr(store_module, "DROP_WINDOW_PAGES", 64)   # the rows' pages 64 a step
+        monkeypatch.setattr(fileio, "DROP_WINDOW_PAGES", 16)   # looked at 16 at a time
         n_segments = store.index_segments()[0]
+        assert n_segments >= 1
+        windows = sum(-(-fileio.page_count(mm) // 64) if private else 1 for mm, private in store.table.mappings())
+        assert windows > 2
         for _ in range(3):
             assert search(store, query="word9 topic4 note", limit=10)["results"]
             live_state(store)   # every row read through the table's mapping
@@ -156,8 +219,15 @@ def test_release_pages_step_goes_round_every_mapping_one_a_step(tmp_path):
             steps = 1
             while store.release_pages_step():
                 steps += 1
-            assert steps == n_segments + 1   # each segment, then the table
+            assert steps == n_segments + windows   # each segment, then the table a window at a time
             assert sum(_store_files_kib(d).values()) <= 64
+        live_state(store)
+        store.release_pages_step()
+        store.release_pages_restart()   # (a request came: the round starts over)
+        steps = 1
+        while store.release_pages_step():
+            steps += 1
+        assert steps == n_segments + windows and sum(_store_files_kib(d).values()) <= 64
     finally:
         store.close()
 
