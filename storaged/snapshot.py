@@ -116,6 +116,45 @@ def rows_name() -> str:
     return new_segment_name(layout.ROWS_PREFIX)
 
 
+def rows_sections_at(io: FileIO, path: str, count: int) -> tuple[tuple[int, int, int], int, int]:
+    """The file's identity (st_dev, st_ino, st_size) and the file offsets of the seqs and rows sections
+    of the current version's row segment of ``count`` rows at ``path``, found by skipping its head (not
+    decoding it: a base's head lists every session id). What the daemon that had the base written needs
+    to map its rows (MessageTable.rebase_open); SnapshotInvalid if the file cannot be that segment."""
+    from .columns import ROW_DTYPE
+    name = os.path.basename(path)
+    buf = io.read_all(path)
+    body = None
+    try:
+        st = os.stat(path)
+        version, body, _ = _framed_body(buf, ROWS_MAGIC, ROWS_VERSIONS)
+        if version != ROWS_VERSION or count < 0:
+            raise SnapshotInvalid(f"row segment {name} is not of version {ROWS_VERSION}")
+        unpacker = msgpack.Unpacker(_Slices(body, 0), read_size=min(WRITE_AT, len(body) + 1),
+                                    max_buffer_size=len(body) + 1)
+        try:
+            unpacker.skip()
+        except Exception as exc:
+            raise SnapshotInvalid(f"row segment {name} has a bad head: {type(exc).__name__}") from None
+        at = unpacker.tell()
+        del unpacker
+        at += -(HEAD.size + at) % SECTION_ALIGN
+        seqs_at = at
+        at += 8 * count
+        at += -(HEAD.size + at) % SECTION_ALIGN
+        if at + count * ROW_DTYPE.itemsize > len(body):
+            raise SnapshotInvalid(f"row segment {name} is shorter than {count} rows")
+        return (st.st_dev, st.st_ino, st.st_size), HEAD.size + seqs_at, HEAD.size + at
+    finally:
+        if body is not None:
+            body.release()
+        if hasattr(buf, "close"):
+            try:
+                buf.close()
+            except BufferError:   # (a traceback's frame holds a view: the mapping goes with it)
+                pass
+
+
 def write_rows(io: FileIO, path: str, rows: Iterable[list[Any]], dead: Iterable[int], base: bool,
                session_meta: Iterable[list[Any]] = (), checkpoints: Iterable[list[Any]] = ()) -> int:
     """Write and fsync a version 1 row segment at ``path`` (a new name; the directory's fsync is the

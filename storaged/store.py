@@ -39,7 +39,7 @@ from . import layout
 from . import log as logfile
 from . import records
 from . import snapshot
-from .columns import ETYPE_CODE, MessageTable
+from .columns import ETYPE_CODE, MessageTable, RebaseMismatch
 from .fileio import DROP_WINDOW_PAGES, FileIO, drop_pages, page_count
 from .handles import session_digest
 from .idgen import IdClock, ulid_ms
@@ -138,6 +138,9 @@ class SnapshotPlan(NamedTuple):
     catchup_name: str | None = None
     metas: set[str] = set()                     # a delta's session metadata and checkpoints (a base: all)
     checkpoints: set[tuple[str, str]] = set()
+    # a base written in the table's own numbering: its live seqs' (first, end), which a background
+    # snapshot's installer maps in place of the rows (MessageTable.rebase_open); None: renumbered
+    rebase: tuple[int, int] | None = None
 
 
 class Store:
@@ -1236,10 +1239,16 @@ class Store:
         # a delta's weight at start: its rows, and its dead seqs, each dropping a row of the base
         base = segments is None or not base_later and self.base_due(len(seqs) + len(deleted))
         dead = [] if base else sorted(deleted)
+        span = None
         if base:
             name = snapshot.rows_name()
             rows_after = [[name, len(self.by_seq), 0]]
             seqs = []
+            # a background child's base is written so that this process can map it in place of its rows
+            # (not an inline one's: this process is about to stop, or to start serving from the file)
+            span = self.table.rebase_span() if not inline else None
+            if span is not None:   # the rows written from the fork on are noted
+                self.table.rebase_track(span[1])
         elif seqs or dead or metas or checkpoints:
             name = snapshot.rows_name()
             rows_after = [*segments, [name, len(seqs), len(dead)]]
@@ -1250,7 +1259,7 @@ class Store:
         # then indexes only the log past the snapshot, not also the queue the snapshot was taken with
         catchup = new_segment_name() if self.unindexed and not inline else None
         return SnapshotPlan(index_plan, self._index.names_after(index_plan), name, base, seqs, dead,
-                            rows_after, changed, deleted, catchup, metas, checkpoints)
+                            rows_after, changed, deleted, catchup, metas, checkpoints, span)
 
     def abandon_snapshot(self, plan: "SnapshotPlan") -> None:
         """A planned snapshot that was not installed: its changed rows go into the next one. (A seq
@@ -1259,6 +1268,8 @@ class Store:
         self.rows_deleted |= plan.deleted
         self.metas_changed |= plan.metas
         self.checkpoints_changed |= plan.checkpoints
+        if plan.rebase is not None:
+            self.table.rebase_abandon()
 
     def write_snapshot_file(self, tmp: str, plan: "SnapshotPlan") -> int:
         """Write (and fsync) ``plan``'s index segment and row segment, then the manifest to ``tmp``,
@@ -1276,7 +1287,7 @@ class Store:
         if plan.rows_name is not None:
             path = os.path.join(self.dir, plan.rows_name)
             if plan.rows_base:
-                columns = self.table.segment_columns(self.table.live_seqs())
+                columns = self.table.segment_columns(self.table.live_seqs(), own=plan.rebase is not None)
                 metas, checkpoints = self.session_meta_entries(packed=True), self.ingest.dump(packed=True)
             else:
                 columns = self.table.segment_columns(np.asarray(plan.rows_seqs, np.int64))
@@ -1308,6 +1319,11 @@ class Store:
         catchup = [plan.catchup_name] if plan.catchup_name is not None and self.io.exists(
             os.path.join(self.dir, plan.catchup_name)) else []
         self.snapshot_segments = [*plan.index_names, *catchup, *(entry[0] for entry in plan.rows_after)]
+        if plan.rebase is not None:
+            if background:
+                self._rebase_open(plan)
+            else:   # (written in this process: a test's, or a child's plan installed as one's own)
+                self.table.rebase_abandon()
         index_plan = plan.index
         if index_plan is not None and index_plan.name not in self._index.segment_names():
             try:
@@ -1315,6 +1331,38 @@ class Store:
             except (OSError, ValueError) as exc:  # the frozen postings go on serving; a later snapshot writes them
                 LOG.warning("the new index segment could not be mapped (%s); keeping its postings in memory", exc)
         self.collect_segments(wait=not background)
+
+    def _rebase_open(self, plan: "SnapshotPlan") -> None:
+        """Map the base a background snapshot wrote in the table's own numbering, to take the place of
+        the rows once checked (``rebase_step``); if it cannot be, the rows stay as they are."""
+        first, end = plan.rebase
+        path = os.path.join(self.dir, plan.rows_name)
+        try:
+            identity, seqs_at, rows_at = snapshot.rows_sections_at(self.io, path, end - first)
+            with open(path, "rb", buffering=0) as f:   # the seqs run first..end-1: its ends say so
+                ends = (f.seek(seqs_at), f.read(8), f.seek(seqs_at + 8 * (end - first - 1)), f.read(8))
+            if (int.from_bytes(ends[1], "little"), int.from_bytes(ends[3], "little")) != (first, end - 1):
+                raise ValueError("its seqs are not the planned ones")
+            self.table.rebase_open(path, identity, rows_at, first, end)
+        except (OSError, ValueError) as exc:
+            self.table.rebase_abandon()
+            LOG.warning("the new base %s cannot take the place of the rows in memory (%s): they stay there "
+                        "until a restart", plan.rows_name, exc)
+
+    def rebase_step(self, rows: int) -> bool:
+        """One step of mapping a base in place of the rows (MessageTable.rebase_step), if one is under
+        way. True while there is more to do."""
+        t = self.table
+        checking, held = t.rebase_checking, len(t.rows)
+        try:
+            more = t.rebase_step(rows)
+            if checking and not t.rebase_checking:
+                LOG.info("the rows below seq %d are read from the base %s now: %.0f MiB of rows held in memory "
+                         "let go", t.nbase, t._rows_file, (held - len(t.rows)) / 2 ** 20)
+            return more
+        except RebaseMismatch as exc:
+            LOG.warning("the new base cannot take the place of the rows in memory (%s): they stay there", exc)
+            return False
 
     def collect_segments(self, wait: bool = True) -> None:
         """Remove the segment files that neither the snapshot on disk nor the index names: a merge's

@@ -1,0 +1,191 @@
+"""A background snapshot's base takes the place of the rows the daemon holds in memory (columns.py
+``MessageTable.rebase_*``, Store.rebase_step): written by a forked child in the table's own numbering,
+mapped copy-on-write once installed, checked against the rows a step at a time with the rows written
+since the fork put into the mapping, then put in place of the rows below its end. What the table
+answers is what a replay of the log builds, at every step and after a restart; a base that is not the
+rows is given up and the rows stay."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from storaged import snapshot
+from storaged.columns import ROW_DTYPE
+from storaged.store import Store
+from tests.support.faultio import delete, live_state, update, write
+from tests.support.replayed import replay_copy
+
+pytestmark = pytest.mark.unit
+
+N = 3000
+
+
+def _replayed(d: str, tmp_path, name: str = "replayed") -> dict:
+    s = Store.open(replay_copy(d, str(tmp_path / name)))
+    try:
+        return live_state(s)
+    finally:
+        s.close()
+
+
+def _filled(d: str, n: int = N) -> tuple[Store, list[str]]:
+    s = Store.open(d)
+    ids = [write(s, f"s{i % 13}", f"message {i} about the rebase", ("user", "assistant", "system")[i % 3], tags=[f"t{i % 5}"],
+                 **({"summary": f"sum {i}"} if i % 11 == 0 else {}))["message"]["message_id"] for i in range(n)]
+    return s, ids
+
+
+def _forked(s: Store, plan, meanwhile) -> int:
+    """Write ``plan``'s snapshot in a forked child, as the daemon's background snapshot does, while this
+    process runs ``meanwhile`` (rows changed after the fork); returns the log position it covers."""
+    tmp = s.snapshot_path + ".bg"
+    pos = s.writer.size
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: its own frozen copy of the store
+        code = 1
+        try:
+            os.close(r)
+            s.write_snapshot_file(tmp, plan)
+            os.replace(tmp, s.snapshot_path)
+            code = 0
+        finally:
+            os.write(w, bytes([code]))
+            os._exit(code)
+    os.close(w)
+    meanwhile()
+    assert os.read(r, 1) == b"\x00"
+    os.close(r)
+    assert os.waitpid(pid, 0)[1] == 0
+    return pos
+
+
+def test_a_background_base_takes_the_place_of_the_rows(tmp_path):
+    d = str(tmp_path / "d")
+    s, ids = _filled(d)
+    try:
+        t = s.table
+        plan = s.plan_snapshot()
+        first, end = plan.rebase   # (seqs count from 1)
+        assert plan.rows_base and end - first == N
+
+        def meanwhile():   # updated, deleted and new rows, the fork's copy never sees them
+            for i in (0, 1, 1500, N - 1):
+                update(s, ids[i], content=f"changed {i}", tags=["changed"])
+            delete(s, ids[7])
+            for i in range(40):
+                write(s, "s-late", f"after the fork {i}")
+
+        pos = _forked(s, plan, meanwhile)
+        s.install_snapshot(None, pos, plan, background=True)
+        assert t.rebasing and t.nbase == 0 and plan.rows_name in t.mapped_names()
+        steps = 0
+        while s.rebase_step(257):
+            if steps == 3:   # a row of a part already checked, written before the mapping is put in place
+                update(s, ids[10], content="changed during the check")
+            if steps == 6:
+                assert live_state(s) == _replayed(d, tmp_path, "during")
+            steps += 1
+        assert steps >= N // 257
+        assert t.nbase == end and t._base_map is not None and t._rows_file == plan.rows_name
+        assert len(t.rows) == (len(t.etype) - end) * ROW_DTYPE.itemsize   # only the rows past the base
+        while t.rebasing:   # the rows it replaced, freed a step at a time
+            s.rebase_step(257)
+        assert t._rows_retired is None
+        assert live_state(s) == _replayed(d, tmp_path, "after")
+        write(s, "s-later", "after the rebase")
+        update(s, ids[20], content="a mapped row changed")
+        state = live_state(s)
+        assert state == _replayed(d, tmp_path, "later")
+        assert s.write_snapshot()
+    finally:
+        s.close()
+    s = Store.open(d)   # the base loads as any base: mapped, with the deltas after it
+    try:
+        assert s.table.nbase >= end and live_state(s) == state
+    finally:
+        s.close()
+
+
+def test_a_base_that_is_not_the_rows_is_given_up(tmp_path, caplog):
+    d = str(tmp_path / "d")
+    s, ids = _filled(d)
+    try:
+        t = s.table
+        plan = s.plan_snapshot()
+        pos = _forked(s, plan, lambda: None)
+        path = os.path.join(d, plan.rows_name)
+        _, _, rows_at = snapshot.rows_sections_at(s.io, path, N)
+        with open(path, "r+b") as f:   # a row the table never wrote since differs in the file
+            f.seek(rows_at + (2000 - plan.rebase[0]) * ROW_DTYPE.itemsize + ROW_DTYPE.fields["ts"][1])
+            f.write(b"\xff")
+        s.install_snapshot(None, pos, plan, background=True)
+        assert t.rebasing
+        with caplog.at_level(logging.WARNING, logger="convmem.storaged"):
+            while s.rebase_step(500):
+                pass
+        assert "row 2000 of the base" in caplog.text
+        assert not t.rebasing and t.nbase == 0 and t._base_map is None and len(t.rows) >= N * ROW_DTYPE.itemsize
+        assert live_state(s) == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_rows_with_a_gap_are_written_numbered_as_before(tmp_path):
+    """A base whose live seqs have a gap (a message deleted in the middle) cannot lie as the rows do:
+    it is written in its own numbering, nothing is tracked, and it loads as ever."""
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 500)
+    try:
+        delete(s, ids[100])
+        assert s.table.rebase_span() is None
+        plan = s.plan_snapshot()
+        assert plan.rows_base and plan.rebase is None and s.table._rebase_dirty is None
+        pos = _forked(s, plan, lambda: update(s, ids[3], content="changed"))
+        s.install_snapshot(None, pos, plan, background=True)
+        assert not s.table.rebasing and not s.rebase_step(500)
+        state = live_state(s)
+    finally:
+        s.close()
+    s = Store.open(d)
+    try:
+        assert live_state(s) == state
+    finally:
+        s.close()
+
+
+def test_an_abandoned_snapshot_stops_the_tracking(tmp_path):
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 200)
+    try:
+        plan = s.plan_snapshot()
+        assert s.table._rebase_dirty is not None
+        update(s, ids[5], content="changed")
+        assert s.table._rebase_dirty == {s.table.seq_of(ids[5])}
+        s.abandon_snapshot(plan)
+        assert s.table._rebase_dirty is None
+        update(s, ids[6], content="changed")
+        assert s.table._rebase_dirty is None and not s.table.rebasing
+    finally:
+        s.close()
+
+
+def test_own_numbering_keeps_the_tables_whole(tmp_path):
+    """The base's tables are the table's (sessions, tag sets, tool call ids as they lie), its rows
+    byte for byte the table's; a store that reads it maps it without renumbering."""
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 300)
+    try:
+        t = s.table
+        seqs = t.live_seqs()
+        own = t.segment_columns(seqs, own=True)
+        assert own["sids"] == t.sids and own["tcid"] == bytes(t.tcid_bytes)
+        assert own["rows"] == t._gather(seqs).tobytes()
+        numbered = t.segment_columns(seqs)
+        assert np.array_equal(np.frombuffer(own["keys"], "<u8"), np.frombuffer(numbered["keys"], "<u8"))
+        assert own["etype"] == numbered["etype"] and own["summary"] == numbered["summary"]
+    finally:
+        s.close()
