@@ -196,6 +196,11 @@ _IMPORTANCE_AT = ROW_DTYPE.fields["importance"][1]
 _U32, _I64 = struct.Struct("<I"), struct.Struct("<q")
 # the rows a mapped base took the place of are freed this many bytes a step (MessageTable.rebase_step)
 REBASE_FREE_STEP = 16 << 20
+# a base in the table's own numbering (MessageTable.segment_columns(own=True)) says so by this head entry,
+# and is written only while what its whole tables hold that no row uses is at most this many times what
+# its rows use (at least 1 MiB of tool_call_ids, 1,024 sessions)
+OWN_NUMBERING = "own_numbering"
+OWN_WASTE_MAX = 1
 
 
 class MessageTable:
@@ -261,7 +266,7 @@ class MessageTable:
         self._rebase_end = 0
         self._rebase_dirty: set[int] | None = None
         self._rebase: _Rebase | None = None
-        self._rows_retired: bytearray | None = None   # the rows a mapped base replaced, freed in steps
+        self._rows_retired: list[bytearray] = []   # the rows mapped bases replaced, freed in steps
 
     # ------------------------------------------------------------------ rows
     def __len__(self) -> int:
@@ -565,8 +570,10 @@ class MessageTable:
         place of its rows (``rebase_open``); a start reads it as any base (numbered as it loads it)."""
         seqs = np.asarray(seqs, np.int64)
         if own and not self.generation and len(seqs) and self.rebase_span() == (int(seqs[0]), int(seqs[-1]) + 1):
-            return self._own_columns(seqs)
-        # (else numbered as ever: the planner's mapping of it then finds rows that differ, and gives up)
+            cols = self._own_columns(seqs)
+            if cols is not None:
+                return cols
+        # (else numbered as ever, which the head says: its planner then leaves its rows as they are)
         if len(seqs) and (seqs.min() < 0 or seqs.max() >= len(self.etype)):
             raise ValueError("a row segment can only hold live rows")
         rows = self._gather(seqs, dtype=_RECORD).view(ROW_DTYPE)   # a copy
@@ -623,11 +630,20 @@ class MessageTable:
             **ext_sections,
         }
 
-    def _own_columns(self, seqs: np.ndarray) -> dict[str, Any]:
-        """segment_columns(own=True): the rows as they lie here, the tables whole: only for every live
-        row, gapless, of generation 0 (the codes' top byte zero, as a start gives them)."""
+    def _own_columns(self, seqs: np.ndarray) -> dict[str, Any] | None:
+        """segment_columns(own=True): the rows as they lie here, the tables whole, the head's first entry
+        saying so (``OWN_NUMBERING``): only for every live row, gapless, of generation 0 (the codes' top
+        byte zero, as a start gives them). None where the whole tables hold more that no row uses than
+        OWN_WASTE_MAX allows (tool_call_ids that updates replaced, sessions whose messages were deleted):
+        a base numbered as ever leaves them behind, and a start loads only what it names."""
         first, end = int(seqs[0]), int(seqs[-1]) + 1
         rows = self._gather(seqs, dtype=_RECORD).view(ROW_DTYPE)   # a copy (a run: sliced)
+        tcid = rows["tcid"]
+        live_tcid = int((tcid[tcid != np.uint64(_NO_STR)] & np.uint64(_STR_LEN_MASK)).sum(dtype=np.uint64))
+        used_sids = int(np.count_nonzero(np.bincount(rows["session"], minlength=len(self.sids) + 1)))
+        if (len(self.tcid_bytes) - live_tcid > OWN_WASTE_MAX * max(live_tcid, 1 << 20)
+                or len(self.sids) - used_sids > OWN_WASTE_MAX * max(used_sids, 1024)):
+            return None
         canonical = self._canonical(seqs)
         ids = rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, :ID_RAW]
         keys, key_seqs = _keys(ids[canonical]), seqs[canonical]
@@ -637,6 +653,7 @@ class MessageTable:
             return sorted([seq, form(v)] for seq, v in values.items() if first <= seq < end and self.etype[seq])
 
         return {
+            OWN_NUMBERING: True,   # (first: a reader of the head finds it without decoding the rest)
             "seqs": seqs.astype("<u8").tobytes(), "rows": rows.tobytes(),
             "etype": bytes(self.etype[first:end]), "tcid": bytes(self.tcid_bytes),
             "keys": keys[order].astype("<u8").tobytes(), "key_seqs": key_seqs[order].astype("<u8").tobytes(),
@@ -687,7 +704,7 @@ class MessageTable:
     def rebasing(self) -> bool:
         """A base is mapped and being checked against the rows, or the rows it replaced are being freed
         (``rebase_step`` has work)."""
-        return self._rebase is not None or self._rows_retired is not None
+        return self._rebase is not None or bool(self._rows_retired)
 
     def rebase_open(self, path: str, identity: tuple[int, int, int], rows_at: int, first: int, end: int) -> None:
         """Map the rows of seqs ``first``..``end`` of the base at ``path`` (its rows section at file offset
@@ -715,14 +732,14 @@ class MessageTable:
         rb = self._rebase
         if rb is None:
             retired = self._rows_retired
-            if retired is None:
+            if not retired:
                 return False
             # from its end: no byte moves, and it is reallocated smaller (its pages unmapped) each time
             # it falls below half (freed at once, 430 MB of rows took ~25 ms)
-            del retired[-REBASE_FREE_STEP:]
-            if not retired:
-                self._rows_retired = None
-            return self._rows_retired is not None
+            del retired[-1][-REBASE_FREE_STEP:]
+            if not retired[-1]:
+                retired.pop()
+            return bool(retired)
         lo, hi = rb.next, min(rb.end, rb.next + rows)
         if lo < hi:
             mine = self._gather(np.arange(lo, hi, dtype=np.int64), dtype=_RECORD).view(np.uint8).reshape(-1, _ROW_SIZE)
@@ -750,15 +767,15 @@ class MessageTable:
     def _rebase_install(self, rb: "_Rebase") -> None:
         """The checked base in place of the rows below its end: the rows written since their check first
         (seqs below the base's first row were dead at the fork: one written since gives it up)."""
-        dirty = sorted(self._rebase_dirty or ())
-        if dirty and dirty[0] < rb.first:
+        dirty = np.fromiter(self._rebase_dirty or (), np.int64)
+        if len(dirty) and int(dirty.min()) < rb.first:
             self.rebase_abandon()
-            raise RebaseMismatch(f"row {dirty[0]} below the base {rb.name}'s first was written")
-        for seq in dirty:
-            buf, off = self._at(seq)
-            rb.view[seq * _ROW_SIZE:(seq + 1) * _ROW_SIZE] = buf[off:off + _ROW_SIZE]
+            raise RebaseMismatch(f"row {int(dirty.min())} below the base {rb.name}'s first was written")
+        if len(dirty):
+            np.frombuffer(rb.view, _RECORD)[dirty] = self._gather(dirty, dtype=_RECORD)
         keep = (rb.end - self.nbase) * _ROW_SIZE
-        self._rows_retired, self.rows = self.rows, self.rows[keep:]   # (a copy of the rows above the base)
+        self._rows_retired.append(self.rows)
+        self.rows = self.rows[keep:]   # (a copy of the rows above the base)
         self.base, self.nbase, self._base_map, self._rows_file = rb.view, rb.end, rb.mm, rb.name
         self.rebase_abandon()
 

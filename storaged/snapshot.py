@@ -116,12 +116,14 @@ def rows_name() -> str:
     return new_segment_name(layout.ROWS_PREFIX)
 
 
-def rows_sections_at(io: FileIO, path: str, count: int) -> tuple[tuple[int, int, int], int, int]:
-    """The file's identity (st_dev, st_ino, st_size) and the file offsets of the seqs and rows sections
-    of the current version's row segment of ``count`` rows at ``path``, found by skipping its head (not
-    decoding it: a base's head lists every session id). What the daemon that had the base written needs
-    to map its rows (MessageTable.rebase_open); SnapshotInvalid if the file cannot be that segment."""
-    from .columns import ROW_DTYPE
+def rows_sections_at(io: FileIO, path: str, count: int) -> tuple[tuple[int, int, int], int, int, bool]:
+    """The file's identity (st_dev, st_ino, st_size), the file offsets of the seqs and rows sections of
+    the current version's row segment of ``count`` rows at ``path``, and whether it is numbered as the
+    table that wrote it (its head's first entry: ``columns.OWN_NUMBERING``), found by skipping the rest
+    of its head (not decoding it: a base's head lists every session id). What the daemon that had the
+    base written needs to map its rows (MessageTable.rebase_open); SnapshotInvalid if the file cannot be
+    that segment."""
+    from .columns import OWN_NUMBERING, ROW_DTYPE
     name = os.path.basename(path)
     buf = io.read_all(path)
     body = None
@@ -132,8 +134,15 @@ def rows_sections_at(io: FileIO, path: str, count: int) -> tuple[tuple[int, int,
             raise SnapshotInvalid(f"row segment {name} is not of version {ROWS_VERSION}")
         unpacker = msgpack.Unpacker(_Slices(body, 0), read_size=min(WRITE_AT, len(body) + 1),
                                     max_buffer_size=len(body) + 1)
+        own = False
         try:
-            unpacker.skip()
+            entries = unpacker.read_map_header()
+            for i in range(entries):
+                key = unpacker.unpack()
+                if i == 0 and key == OWN_NUMBERING:
+                    own = unpacker.unpack() is True
+                else:
+                    unpacker.skip()
         except Exception as exc:
             raise SnapshotInvalid(f"row segment {name} has a bad head: {type(exc).__name__}") from None
         at = unpacker.tell()
@@ -144,7 +153,7 @@ def rows_sections_at(io: FileIO, path: str, count: int) -> tuple[tuple[int, int,
         at += -(HEAD.size + at) % SECTION_ALIGN
         if at + count * ROW_DTYPE.itemsize > len(body):
             raise SnapshotInvalid(f"row segment {name} is shorter than {count} rows")
-        return (st.st_dev, st.st_ino, st.st_size), HEAD.size + seqs_at, HEAD.size + at
+        return (st.st_dev, st.st_ino, st.st_size), HEAD.size + seqs_at, HEAD.size + at, own
     finally:
         if body is not None:
             body.release()

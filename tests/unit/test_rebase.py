@@ -94,7 +94,7 @@ def test_a_background_base_takes_the_place_of_the_rows(tmp_path):
         assert len(t.rows) == (len(t.etype) - end) * ROW_DTYPE.itemsize   # only the rows past the base
         while t.rebasing:   # the rows it replaced, freed a step at a time
             s.rebase_step(257)
-        assert t._rows_retired is None
+        assert t._rows_retired == []
         assert live_state(s) == _replayed(d, tmp_path, "after")
         write(s, "s-later", "after the rebase")
         update(s, ids[20], content="a mapped row changed")
@@ -118,7 +118,8 @@ def test_a_base_that_is_not_the_rows_is_given_up(tmp_path, caplog):
         plan = s.plan_snapshot()
         pos = _forked(s, plan, lambda: None)
         path = os.path.join(d, plan.rows_name)
-        _, _, rows_at = snapshot.rows_sections_at(s.io, path, N)
+        _, _, rows_at, own = snapshot.rows_sections_at(s.io, path, N)
+        assert own
         with open(path, "r+b") as f:   # a row the table never wrote since differs in the file
             f.seek(rows_at + (2000 - plan.rebase[0]) * ROW_DTYPE.itemsize + ROW_DTYPE.fields["ts"][1])
             f.write(b"\xff")
@@ -187,5 +188,142 @@ def test_own_numbering_keeps_the_tables_whole(tmp_path):
         numbered = t.segment_columns(seqs)
         assert np.array_equal(np.frombuffer(own["keys"], "<u8"), np.frombuffer(numbered["keys"], "<u8"))
         assert own["etype"] == numbered["etype"] and own["summary"] == numbered["summary"]
+    finally:
+        s.close()
+
+
+def _checked(s: Store) -> None:
+    while s.rebase_step(500):
+        pass
+
+
+def test_a_daemon_started_from_a_mapped_base_maps_the_next(tmp_path):
+    """Rows of the base mapped at the start, changed after the next base's fork, and rows past it."""
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 1000)
+    assert s.write_snapshot()
+    s.close()
+    s = Store.open(d)
+    try:
+        t = s.table
+        old_end = t.nbase
+        assert old_end and t._base_map is not None
+        for i in range(300):
+            write(s, "s-more", f"past the first base {i}")
+        s.rows_legacy = True   # a base is due
+        plan = s.plan_snapshot()
+        assert plan.rebase is not None and plan.rebase[1] > old_end
+        pos = _forked(s, plan, lambda: [update(s, ids[i], content=f"changed {i}") for i in (0, 500, 999)])
+        s.install_snapshot(None, pos, plan, background=True)
+        _checked(s)
+        assert t.nbase == plan.rebase[1] and t._rows_file == plan.rows_name
+        assert live_state(s) == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_the_pending_base_is_never_cut_under_its_mapping(tmp_path):
+    """Another base installed while one is being checked names it no more: its file is unlinked, not
+    cut a piece at a time (its pages would be gone from under the mapping: SIGBUS), and the check goes on."""
+    from storaged.fileio import FileIO
+
+    class Spy(FileIO):
+        def __init__(self):
+            super().__init__()
+            self.released: list[str] = []
+
+        def release(self, path):
+            self.released.append(os.path.basename(path))
+            super().release(path)
+
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 1000)
+    s.close()
+    io = Spy()
+    s = Store.open(d, io)
+    try:
+        plan = s.plan_snapshot()
+        pos = _forked(s, plan, lambda: None)
+        s.install_snapshot(None, pos, plan, background=True)
+        assert s.rebase_step(100)   # under way
+        delete(s, ids[500])   # a gap: the next base is numbered as ever, and tracks nothing
+        s.rows_legacy = True
+        second = s.plan_snapshot()
+        assert second.rows_base and second.rebase is None and s.table.rebase_checking
+        s.install_snapshot(None, _forked(s, second, lambda: None), second, background=True)
+        assert plan.rows_name not in os.listdir(d) and plan.rows_name not in io.released
+        _checked(s)
+        assert s.table._rows_file == plan.rows_name
+        assert live_state(s) == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_a_new_base_planned_while_one_is_checked_starts_over(tmp_path):
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 1000)
+    try:
+        first = s.plan_snapshot()
+        s.install_snapshot(None, _forked(s, first, lambda: None), first, background=True)
+        assert s.rebase_step(100) and s.table.rebase_checking
+        write(s, "s-more", "one more")
+        s.rows_legacy = True
+        second = s.plan_snapshot()   # the first one's mapping is given up, the tracking starts over
+        assert not s.table.rebase_checking and s.table._rebase_dirty == set()
+        pos = _forked(s, second, lambda: update(s, ids[3], content="changed after the second fork"))
+        s.install_snapshot(None, pos, second, background=True)
+        _checked(s)
+        assert s.table._rows_file == second.rows_name and s.table.nbase == second.rebase[1]
+        assert live_state(s) == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_relocated_rows_are_noted(tmp_path):
+    """A compaction moving a text writes its row (its location, its generation): noted like a write."""
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 100)
+    try:
+        t = s.table
+        s.plan_snapshot()
+        seq = t.seq_of(ids[4])
+        t.relocate(seq, t.row(seq)[6] << 40 | t.row(seq)[7], t.rec_size(seq), t.source_of(seq))
+        assert t._rebase_dirty == {seq}
+    finally:
+        s.close()
+
+
+def test_a_base_that_cannot_be_read_leaves_the_rows(tmp_path, caplog):
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 300)
+    try:
+        plan = s.plan_snapshot()
+        pos = _forked(s, plan, lambda: None)
+        with open(os.path.join(d, plan.rows_name), "r+b") as f:
+            f.write(b"NOTAROWS")   # its magic number
+        with caplog.at_level(logging.WARNING, logger="convmem.storaged"):
+            s.install_snapshot(None, pos, plan, background=True)
+        assert "cannot take the place" in caplog.text
+        assert not s.table.rebasing and s.table._rebase_dirty is None
+        assert live_state(s) == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_tables_mostly_unused_are_written_numbered_as_ever(tmp_path, monkeypatch):
+    """Whole tables holding more no row uses than OWN_WASTE_MAX allows: a base numbered as ever (which
+    leaves them behind), its head saying so, and the rows stay in memory."""
+    from storaged import columns
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 200)
+    try:
+        monkeypatch.setattr(columns, "OWN_WASTE_MAX", 0)
+        s.table.sids.append("a-session-with-no-rows")
+        plan = s.plan_snapshot()
+        pos = _forked(s, plan, lambda: None)
+        _, _, _, own = snapshot.rows_sections_at(s.io, os.path.join(d, plan.rows_name), 200)
+        assert not own
+        s.install_snapshot(None, pos, plan, background=True)
+        assert not s.table.rebasing and s.table.nbase == 0
     finally:
         s.close()
