@@ -355,11 +355,12 @@ class Server:
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.wake_recv, zmq.POLLIN)
         while not self.stopping:
-            # while an import is in progress, messages move to a compacted log or the search index has a
-            # queue, poll without waiting: idle time goes to them
+            # while an import is in progress, messages move to a compacted log, the search index has a
+            # queue or a base is taking the rows' place, poll without waiting: idle time goes to them
             store = self.store
             busy = self.imports or self.rebuild_reading or self.rebuild_outcome or (
-                store is not None and (store.unindexed or store.relocation or store.loading_later))
+                store is not None and (store.unindexed or store.relocation or store.loading_later
+                                       or store.table.rebasing))
             events = dict(poller.poll(0 if busy else SPLIT_POLL_MS if self.split else POLL_MS))
             if self.wake_recv in events:
                 t0 = time.monotonic()
