@@ -48,7 +48,7 @@ from protocol import wire
 from protocol.errors import ProtocolError, error_reply
 from protocol.history import HistoryError
 
-from . import children, compaction, layout, views
+from . import children, compaction, heap, layout, views
 from .fileio import release_now
 from .history import HistoryViews
 from .text import TextDamaged
@@ -99,7 +99,8 @@ IDLE_SLICE_S = 0.02  # background work done at once while no request waits (it s
 # page cache keeps them, so the next query maps back what it reads (at 5M events dropping them before
 # every query cost the mix's p50 ~4 ms) and meanwhile a resting daemon's RSS is its own memory, not
 # the ~2 GB of postings its last queries read. An interactive host's queries come seconds apart,
-# well inside it. 0 (--release-idle-s 0): never.
+# well inside it. At the round's end the C allocator gives back the free memory it keeps (heap.trim).
+# 0 (--release-idle-s 0): never.
 RELEASE_IDLE_S = 30.0
 # A background snapshot's base of every row is mapped in place of the rows the daemon holds in memory
 # (Store.rebase_step: at 5M events 430 MB of them after an import), checked against them this many
@@ -523,6 +524,10 @@ class Server:
         if (not ahead and self.release_idle_s and not self._pages_let_go and not self._request_waiting()
                 and time.monotonic() - self._active_at >= self.release_idle_s):
             self._pages_let_go = not self.store.release_pages_step()
+            if self._pages_let_go:   # (once a rest) and what the allocator keeps of what was freed
+                t0 = time.monotonic()
+                heap.trim()
+                self._note_slow(t0, lambda: "giving the allocator's free memory back (malloc_trim)")
 
     def _request_waiting(self) -> bool:
         return bool(self.sock.poll(0))

@@ -23,7 +23,7 @@ def test_bench_scale_tiny(tmp_path):
     d = tmp_path / "s"
     out = tmp_path / "scale.json"
     proc = subprocess.Popen([sys.executable, "-m", "bench.scale", "--events", "2000", "--dir", str(d), "--writes", "10",
-                             "--queries", "60", "--json", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                             "--queries", "60", "--rest-s", "2", "--json", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=280)
@@ -45,9 +45,10 @@ def test_bench_scale_tiny(tmp_path):
         assert res["wait"][part]["probe"]["n"] > 0
     for kind in ("prompt", "error", "common", "rare", "all"):
         assert res["search"]["search_messages"]["latency_ms"][kind]["n"] > 0
+    assert res["ingest"]["settled"]["rss"]["VmRSS"] > 0
     rested = res["search"]["rested"]
     assert rested["rss"]["VmRSS"] > 0 and set(rested["after_rest_ms"]) == set(rested["warm_ms"]) >= {"prompt", "rare"}
-    assert len(res["table"]) == 19
+    assert len(res["table"]) == 20
     for label, ours, fts5, _target, met in res["table"]:
         assert ours != "-", label
         assert (fts5 != "-") == label.startswith(FTS5_ROWS), label
