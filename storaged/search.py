@@ -91,6 +91,7 @@ from typing import Any, Callable, Generator, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from protocol.requests import run_steps
+from storaged.fileio import DROP_WINDOW_PAGES
 from storaged.filterbounds import FilteredBounds, accepted_row
 from storaged.segment import (Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name,
                               window_range as segment_window_range, write as segment_write)
@@ -1064,43 +1065,44 @@ def _joined_terms(terms: list) -> str:
     return "\n".join(["\n".join(terms[i:i + step]) for i in range(0, len(terms), step)])
 
 
-class _Unmapped:
-    """The segments of an index a rebuild replaced (SearchIndex.retire), let go one a release step:
-    unmapping them together — 17 of them at 5M events, 2.6 GB of their pages resident — held the
-    request loop ~33 ms of a 67 ms install. Held in the index's release queue beside its lists."""
-
-    __slots__ = ("segments",)
-    nbytes = 0  # (their pages are the page cache's)
-
-    def __init__(self, segments: list) -> None:
-        self.segments = segments
-
-    def release_step(self, n: int) -> bool:
-        """Let one segment go (whatever ``n``, which counts a part's objects); False once none is left."""
-        if not self.segments:
-            return False
-        self.segments.pop()
-        return True
-
-
 class _PagesLetGo:
-    """The segments of an index a rebuild installed, whose resident pages are let go one segment a
-    release step (Segment.release_pages): the install read every slot's tables through them, ~190 MB
-    at 5M events the kernel would count as the daemon's for as long as it runs. Held in the index's
-    release queue after the segments it replaced are gone."""
+    """The segments of an index a rebuild installed, whose resident pages are let go a window of
+    DROP_WINDOW_PAGES (16 MiB) a release step (Segment.release_pages): the install read every slot's
+    tables through them, ~190 MB at 5M events the kernel would count as the daemon's for as long as it
+    runs — and advised at once, a segment's took a step of tens of ms. Held in the index's release
+    queue after the segments it replaced are gone."""
 
-    __slots__ = ("segments",)
+    __slots__ = ("segments", "at")
     nbytes = 0
 
     def __init__(self, segments: list) -> None:
         self.segments = segments
+        self.at = 0   # the next page of the last segment
 
     def release_step(self, n: int) -> bool:
-        """One segment's pages (whatever ``n``); False once none is left."""
+        """One window of the last segment's pages (whatever ``n``, which counts a part's objects); a
+        segment whose pages are all let go leaves the list. False once none is left."""
         if not self.segments:
             return False
-        self.segments.pop().release_pages()
-        return True
+        segment = self.segments[-1]
+        if self.at < segment.page_count():
+            segment.release_pages(self.at, DROP_WINDOW_PAGES)
+            self.at += DROP_WINDOW_PAGES
+            if self.at < segment.page_count():
+                return True
+        self.segments.pop()
+        self.at = 0
+        return bool(self.segments)
+
+
+class _Unmapped(_PagesLetGo):
+    """The segments of an index a rebuild replaced (SearchIndex.retire), let go a step at a time: their
+    pages a window a step, then the segment itself (unmapped once nothing holds it: with nothing
+    resident left, at once). Unmapping them together — 17 of them at 5M events, 2.6 GB of their pages
+    resident — held the request loop ~33 ms of a 67 ms install, and one with a GB resident alone would
+    hold it as long."""
+
+    __slots__ = ()
 
 
 class _MemPart:

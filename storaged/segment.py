@@ -71,7 +71,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 import numpy as np
 
 from . import layout
-from .fileio import FileIO, Paced, drop_pages
+from .fileio import FileIO, Paced, drop_pages, page_count
 
 __all__ = ["Segment", "SegmentCheck", "SegmentInvalid", "DEFERRED", "write", "new_name", "is_segment_name", "is_index_segment_name",
            "is_rows_segment_name"]
@@ -405,11 +405,17 @@ class Segment:
 
     nbytes = 0  # on the heap: the mapping is the page cache's, not the daemon's
 
-    def release_pages(self) -> int:
-        """Let the process's resident pages of the mapping go (the page cache keeps them: the next read
-        maps them back without the disk): after a load has copied the per-slot tables out of it. Bytes advised."""
+    def release_pages(self, first: int = 0, count: int | None = None) -> int:
+        """Let the process's resident pages of the mapping go (pages ``first`` to ``first + count``; all by
+        default): the page cache keeps them, so the next read maps them back without the disk. After a
+        load has copied the per-slot tables out of it, or a rest. Bytes advised."""
         buf = self._buf
-        return drop_pages(buf, private=False) if isinstance(buf, mmap.mmap) else 0
+        return drop_pages(buf, False, first, count) if isinstance(buf, mmap.mmap) else 0
+
+    def page_count(self) -> int:
+        """Pages of its mapping (0: read into memory, not mapped)."""
+        buf = self._buf
+        return page_count(buf) if isinstance(buf, mmap.mmap) else 0
 
     def check_body(self, io: FileIO, stop: threading.Event | None = None) -> None:
         """The file's CRC, head and body, read through the page cache (pread, not the mapping): raises

@@ -606,3 +606,29 @@ def test_the_segments_of_an_index_a_rebuild_replaced_are_let_go_one_a_release_st
     assert left[:len(segments)] == list(range(len(segments) - 1, -1, -1))  # one a step, first
     assert all(sys.getrefcount(seg) == 3 for seg in segments)  # let go: nothing but this test holds them
     assert [h.doc for h in new.search("w1", 5)]
+
+
+def test_a_rebuild_s_segments_pages_are_let_go_a_window_a_step():
+    """_PagesLetGo / _Unmapped advise DROP_WINDOW_PAGES of a segment a release step (a segment's ~190 MB
+    at once was a step of tens of ms), and a segment leaves the list after its last window."""
+
+    class Seg:
+        def __init__(self, pages):
+            self.pages, self.calls = pages, []
+
+        def page_count(self):
+            return self.pages
+
+        def release_pages(self, first, count):
+            self.calls.append((first, count))
+
+    w = search_mod.DROP_WINDOW_PAGES
+    a, b, c = Seg(2 * w + 1), Seg(0), Seg(w)
+    for kind in (search_mod._PagesLetGo, search_mod._Unmapped):
+        a.calls, c.calls = [], []
+        queue = kind([a, b, c])
+        steps = 1
+        while queue.release_step(0):
+            steps += 1
+        assert c.calls == [(0, w)] and a.calls == [(0, w), (w, w), (2 * w, w)]
+        assert steps == 1 + 1 + 3 and queue.segments == []
