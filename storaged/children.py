@@ -53,7 +53,8 @@ def start(work: Callable[[], int], delay_env: str | None = None) -> int:
     """Fork a child that runs ``work`` at CHILD_NICE (its return value is the exit status; an
     exception exits 1) and returns its pid; raises OSError when the fork fails. ``delay_env`` names an environment
     variable that, set to seconds, makes the child wait that long first: a fault-injection seam for
-    tests (a child that is still at work when the daemon is stopped or killed)."""
+    tests (a child that is still at work when the daemon is stopped or killed); set to ``fail``, the
+    child exits 1 at once (a child that keeps failing)."""
     parent = os.getpid()
     pid = os.fork()
     if pid:
@@ -64,7 +65,10 @@ def start(work: Callable[[], int], delay_env: str | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         _detach(parent)
         os.nice(CHILD_NICE)
-        delay = float(os.environ.get(delay_env) or 0) if delay_env else 0.0
+        value = os.environ.get(delay_env) if delay_env else None
+        if value == "fail":   # (the seam's other use: a child that fails at once)
+            raise RuntimeError(f"{delay_env}=fail")
+        delay = float(value or 0)
         if delay > 0:
             time.sleep(delay)
         code = work()

@@ -69,6 +69,11 @@ LOG = logging.getLogger("convmem.storaged")
 SNAPSHOT_EVERY_RECORDS = 10_000
 SNAPSHOT_EVERY_BYTES = 16 * L.MiB
 SNAPSHOT_CHILD_MAX_S = 600.0
+# A background snapshot whose child failed (or whose install did) is tried again after SNAPSHOT_RETRY_S,
+# doubled at each failure in a row up to SNAPSHOT_RETRY_MAX_S: a snapshot that is still due (a base, say)
+# was otherwise forked again at every turn of the loop, ~10 a second, for as long as it failed.
+SNAPSHOT_RETRY_S = 1.0
+SNAPSHOT_RETRY_MAX_S = 60.0
 
 # Requests taken off the socket at once and committed with one fdatasync (group commit).
 GROUP_MAX = 64
@@ -232,6 +237,8 @@ class Server:
         self.rebuild_started = 0.0
         # (pid, log position, started, the segment plan it writes, the segment names it lists)
         self.snapshot_child: tuple | None = None
+        self.snapshot_failures = 0      # background snapshots failed in a row
+        self.snapshot_retry_at = 0.0    # (monotonic) none is started before this after a failure
         self.split: tuple[int, SplitCatchUp] | None = None  # (pid, what it indexes): the catch-up child
         self.split_failed = -SPLIT_RETRY_S  # when the last catch-up child failed (monotonic)
         self.snapshot_every_records = SNAPSHOT_EVERY_RECORDS  # 0 turns background snapshots off
@@ -654,6 +661,8 @@ class Server:
         store = self.store
         if not self.snapshot_every_records or store.rebuilding or not store.snapshot_due():
             return
+        if self.snapshot_failures and time.monotonic() < self.snapshot_retry_at:
+            return
         # A start's replayed tail is indexed by the loop before any snapshot: a child forked now would
         # index the same messages again on the other core, while the loop, indexing them too, would
         # copy on write every page it touches that the child still shares — a start after SIGKILL
@@ -705,6 +714,12 @@ class Server:
         store.snapshot_unindexed = 0 if plan.catchup_name is not None else len(store.unindexed)
         LOG.info("background snapshot started (pid %d, log position %d)", pid, pos)
 
+    def _snapshot_failed(self) -> None:
+        self.snapshot_failures += 1
+        wait = min(SNAPSHOT_RETRY_MAX_S, SNAPSHOT_RETRY_S * 2 ** (self.snapshot_failures - 1))
+        self.snapshot_retry_at = time.monotonic() + wait
+        LOG.warning("background snapshot: %d failed in a row, the next one in %.0f s", self.snapshot_failures, wait)
+
     def _reap_snapshot_child(self, block: bool, kill: bool = False) -> None:
         pid, pos, started, plan = self.snapshot_child
         code = children.reap(pid, block, kill=kill or time.monotonic() - started > SNAPSHOT_CHILD_MAX_S)
@@ -717,11 +732,14 @@ class Server:
                 self.store.install_snapshot(None, pos, plan, background=True)  # in place: the child
                 LOG.info("background snapshot installed in %.2f s (log position %d)",
                          time.monotonic() - started, pos)
+                self.snapshot_failures = 0
                 return
             except OSError as exc:
                 LOG.warning("could not install the background snapshot: %s", exc.strerror)
+                self._snapshot_failed()
         elif not kill:
             LOG.warning("background snapshot child failed (exit code %d)", code)
+            self._snapshot_failed()
         self.store.abandon_snapshot(plan)
         self.store.io.remove(tmp)
 
