@@ -565,15 +565,12 @@ class MessageTable:
         the same in any process; the rarer fields as [seq, value] pairs. ``locs`` / ``rec_sizes``
         (a compaction's): the texts' locations and record sizes in a new log, by position in ``seqs``.
 
-        ``own`` (a base of every row, ``rebase_span`` not None): the tables are this table's whole ones
-        and the rows' bytes exactly this table's, so the process that has it written can map the file in
-        place of its rows (``rebase_open``); a start reads it as any base (numbered as it loads it)."""
+        ``own`` (a base of every row, ``rebase_span`` not None): where ``_own_numbering_fits``, the tables
+        are this table's whole ones and the rows' bytes exactly this table's, the head's first entry
+        saying so (OWN_NUMBERING), so the process that has it written can map the file in place of its
+        rows (``rebase_open``); a start reads it as any base. Else numbered as ever (its planner then
+        leaves its rows as they are)."""
         seqs = np.asarray(seqs, np.int64)
-        if own and not self.generation and len(seqs) and self.rebase_span() == (int(seqs[0]), int(seqs[-1]) + 1):
-            cols = self._own_columns(seqs)
-            if cols is not None:
-                return cols
-        # (else numbered as ever, which the head says: its planner then leaves its rows as they are)
         if len(seqs) and (seqs.min() < 0 or seqs.max() >= len(self.etype)):
             raise ValueError("a row segment can only hold live rows")
         rows = self._gather(seqs, dtype=_RECORD).view(ROW_DTYPE)   # a copy
@@ -584,7 +581,42 @@ class MessageTable:
             rows["rec_pos"] = [loc >> _SHIFT for loc in locs]
             rows["text_low"] = [loc & _LOW for loc in locs]
             rows["rec_size"] = np.asarray(rec_sizes, np.uint32)
-        rows["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
+        own = own and locs is None and self._own_numbering_fits(seqs, rows)
+        if own:   # the tables whole, the rows as they lie here (generation 0: the codes' top byte is zero)
+            sids, tagsets, tools, exts = list(self.sids), self.tagsets.values, self.tools.values, self.exts.values
+            tcid = bytes(self.tcid_bytes)
+        else:
+            rows["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
+            sids, tagsets, tools, exts, tcid = self._renumbered(rows)
+        canonical = self._canonical(seqs)
+        ids = rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, :ID_RAW]
+        keys, key_seqs = _keys(ids[canonical]), seqs[canonical]
+        order = np.argsort(keys)
+        wanted = set(seqs.tolist()) if len(seqs) != self.count else None
+        ext_sections = self.ext_files.sections(None if wanted is None else seqs)
+
+        def pairs(values: dict[int, Any], form=lambda v: v) -> list[list[Any]]:
+            return sorted([seq, form(v)] for seq, v in values.items() if wanted is None or seq in wanted)
+
+        return {
+            # (first: a reader of the head finds it without decoding the rest)
+            **({OWN_NUMBERING: True} if own else {}),
+            "seqs": seqs.astype("<u8").tobytes(), "rows": rows.tobytes(), "etype": etype.tobytes(),
+            "tcid": tcid,
+            # the canonical ids' lookup keys, sorted, and their seqs: a start merges them, not sorts them
+            "keys": keys[order].astype("<u8").tobytes(), "key_seqs": key_seqs[order].astype("<u8").tobytes(),
+            "sids": sids,
+            "tagsets": [list(t) for t in tagsets], "tools": list(tools),
+            "exts": [None if e is None else [e[0], e[1], e[2]] for e in exts],
+            "summary": pairs(self.summary), "relations": pairs(self.relations, lambda v: [list(r) for r in v]),
+            "source_ids": pairs(self.source_ids, list),
+            "odd_ids": pairs(self.odd_id), "wide": pairs(self.wide, list),
+            **ext_sections,
+        }
+
+    def _renumbered(self, rows: np.ndarray) -> tuple[list, list, list, list, bytes]:
+        """Number ``rows`` (a copy, changed in place) against tables of their own: (session ids, tag
+        sets, tools, exts, tool_call_ids' bytes) holding only what the rows use."""
         numbers, rows["session"] = np.unique(rows["session"], return_inverse=True)
         rows["session"] += np.uint32(1)
         sids = [self.sids[int(k) - 1] for k in numbers]
@@ -606,63 +638,20 @@ class MessageTable:
             tcids[i] = at << _STR_LEN_BITS | n
             at += n
         rows["tcid"][has] = np.asarray(tcids, np.uint64)
-        canonical = self._canonical(seqs)
-        ids = rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, :ID_RAW]
-        keys, key_seqs = _keys(ids[canonical]), seqs[canonical]
-        order = np.argsort(keys)
-        wanted = set(seqs.tolist()) if len(seqs) != self.count else None
-        ext_sections = self.ext_files.sections(None if wanted is None else seqs)
+        return sids, tables["tags"], tables["tool"], exts, b"".join(pieces)
 
-        def pairs(values: dict[int, Any], form=lambda v: v) -> list[list[Any]]:
-            return sorted([seq, form(v)] for seq, v in values.items() if wanted is None or seq in wanted)
-
-        return {
-            "seqs": seqs.astype("<u8").tobytes(), "rows": rows.tobytes(), "etype": etype.tobytes(),
-            "tcid": b"".join(pieces),
-            # the canonical ids' lookup keys, sorted, and their seqs: a start merges them, not sorts them
-            "keys": keys[order].astype("<u8").tobytes(), "key_seqs": key_seqs[order].astype("<u8").tobytes(),
-            "sids": sids,
-            "tagsets": [list(t) for t in tables["tags"]], "tools": tables["tool"],
-            "exts": [None if e is None else [e[0], e[1], e[2]] for e in exts],
-            "summary": pairs(self.summary), "relations": pairs(self.relations, lambda v: [list(r) for r in v]),
-            "source_ids": pairs(self.source_ids, list),
-            "odd_ids": pairs(self.odd_id), "wide": pairs(self.wide, list),
-            **ext_sections,
-        }
-
-    def _own_columns(self, seqs: np.ndarray) -> dict[str, Any] | None:
-        """segment_columns(own=True): the rows as they lie here, the tables whole, the head's first entry
-        saying so (``OWN_NUMBERING``): only for every live row, gapless, of generation 0 (the codes' top
-        byte zero, as a start gives them). None where the whole tables hold more that no row uses than
-        OWN_WASTE_MAX allows (tool_call_ids that updates replaced, sessions whose messages were deleted):
-        a base numbered as ever leaves them behind, and a start loads only what it names."""
-        first, end = int(seqs[0]), int(seqs[-1]) + 1
-        rows = self._gather(seqs, dtype=_RECORD).view(ROW_DTYPE)   # a copy (a run: sliced)
+    def _own_numbering_fits(self, seqs: np.ndarray, rows: np.ndarray) -> bool:
+        """Whether a base of ``rows`` (of ``seqs``) may be written in the table's own numbering: every
+        live row, gapless, of generation 0, and the whole tables holding no more that no row uses than
+        OWN_WASTE_MAX allows (tool_call_ids that updates replaced, sessions whose messages were deleted:
+        a base numbered as ever leaves them behind, and a start loads only what it names)."""
+        if self.generation or not len(seqs) or self.rebase_span() != (int(seqs[0]), int(seqs[-1]) + 1):
+            return False
         tcid = rows["tcid"]
         live_tcid = int((tcid[tcid != np.uint64(_NO_STR)] & np.uint64(_STR_LEN_MASK)).sum(dtype=np.uint64))
         used_sids = int(np.count_nonzero(np.bincount(rows["session"], minlength=len(self.sids) + 1)))
-        if (len(self.tcid_bytes) - live_tcid > OWN_WASTE_MAX * max(live_tcid, 1 << 20)
-                or len(self.sids) - used_sids > OWN_WASTE_MAX * max(used_sids, 1024)):
-            return None
-        canonical = self._canonical(seqs)
-        ids = rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, :ID_RAW]
-        keys, key_seqs = _keys(ids[canonical]), seqs[canonical]
-        order = np.argsort(keys)
-
-        def pairs(values: dict[int, Any], form=lambda v: v) -> list[list[Any]]:
-            return sorted([seq, form(v)] for seq, v in values.items() if first <= seq < end and self.etype[seq])
-
-        return {
-            OWN_NUMBERING: True,   # (first: a reader of the head finds it without decoding the rest)
-            "seqs": seqs.astype("<u8").tobytes(), "rows": rows.tobytes(),
-            "etype": bytes(self.etype[first:end]), "tcid": bytes(self.tcid_bytes),
-            "keys": keys[order].astype("<u8").tobytes(), "key_seqs": key_seqs[order].astype("<u8").tobytes(),
-            "sids": list(self.sids), "tagsets": [list(t) for t in self.tagsets.values], "tools": list(self.tools.values),
-            "exts": [None if e is None else [e[0], e[1], e[2]] for e in self.exts.values],
-            "summary": pairs(self.summary), "relations": pairs(self.relations, lambda v: [list(r) for r in v]),
-            "source_ids": pairs(self.source_ids, list), "odd_ids": pairs(self.odd_id), "wide": pairs(self.wide, list),
-            **self.ext_files.sections(None),
-        }
+        return (len(self.tcid_bytes) - live_tcid <= OWN_WASTE_MAX * max(live_tcid, 1 << 20)
+                and len(self.sids) - used_sids <= OWN_WASTE_MAX * max(used_sids, 1024))
 
     # ------------------------------------------------------------------ a base mapped in place of the rows
     # A daemon that imports millions of events holds their rows in ``rows`` (85 bytes each: 430 MB at
