@@ -116,13 +116,13 @@ def rows_name() -> str:
     return new_segment_name(layout.ROWS_PREFIX)
 
 
-def rows_sections_at(io: FileIO, path: str, count: int) -> tuple[tuple[int, int, int], int, int, bool]:
-    """The file's identity (st_dev, st_ino, st_size), the file offsets of the seqs and rows sections of
-    the current version's row segment of ``count`` rows at ``path``, and whether it is numbered as the
-    table that wrote it (its head's first entry: ``columns.OWN_NUMBERING``), found by skipping the rest
-    of its head (not decoding it: a base's head lists every session id). What the daemon that had the
-    base written needs to map its rows (MessageTable.rebase_open); SnapshotInvalid if the file cannot be
-    that segment."""
+def rows_sections_at(io: FileIO, path: str, first: int, end: int) -> tuple[tuple[int, int, int], int, bool]:
+    """The file's identity (st_dev, st_ino, st_size), the file offset of the rows section of the current
+    version's row segment at ``path`` of the seqs ``first`` to ``end`` without a gap (its seqs section's
+    ends say so), and whether it is numbered as the table that wrote it (its head's first entry:
+    ``columns.OWN_NUMBERING``), found by skipping the rest of its head (not decoding it: a base's head
+    lists every session id). What the daemon that had the base written needs to map its rows
+    (MessageTable.rebase_open); SnapshotInvalid if the file cannot be that segment."""
     from .columns import OWN_NUMBERING, ROW_DTYPE
     name = os.path.basename(path)
     buf = io.read_all(path)
@@ -130,7 +130,8 @@ def rows_sections_at(io: FileIO, path: str, count: int) -> tuple[tuple[int, int,
     try:
         st = os.stat(path)
         version, body, _ = _framed_body(buf, ROWS_MAGIC, ROWS_VERSIONS)
-        if version != ROWS_VERSION or count < 0:
+        count = end - first
+        if version != ROWS_VERSION or count <= 0:
             raise SnapshotInvalid(f"row segment {name} is not of version {ROWS_VERSION}")
         unpacker = msgpack.Unpacker(_Slices(body, 0), read_size=min(WRITE_AT, len(body) + 1),
                                     max_buffer_size=len(body) + 1)
@@ -153,7 +154,11 @@ def rows_sections_at(io: FileIO, path: str, count: int) -> tuple[tuple[int, int,
         at += -(HEAD.size + at) % SECTION_ALIGN
         if at + count * ROW_DTYPE.itemsize > len(body):
             raise SnapshotInvalid(f"row segment {name} is shorter than {count} rows")
-        return (st.st_dev, st.st_ino, st.st_size), HEAD.size + seqs_at, HEAD.size + at, own
+        ends = (int.from_bytes(body[seqs_at:seqs_at + 8], "little"),
+                int.from_bytes(body[seqs_at + 8 * (count - 1):seqs_at + 8 * count], "little"))
+        if ends != (first, end - 1):   # (each row is then compared with the table's: MessageTable.rebase_step)
+            raise SnapshotInvalid(f"row segment {name} does not hold seqs {first} to {end - 1}")
+        return (st.st_dev, st.st_ino, st.st_size), HEAD.size + at, own
     finally:
         if body is not None:
             body.release()

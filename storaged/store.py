@@ -1338,16 +1338,12 @@ class Store:
         first, end = plan.rebase
         path = os.path.join(self.dir, plan.rows_name)
         try:
-            identity, seqs_at, rows_at, own = snapshot.rows_sections_at(self.io, path, end - first)
+            identity, rows_at, own = snapshot.rows_sections_at(self.io, path, first, end)
             if not own:   # its tables held too much no row uses: written numbered as ever
                 self.table.rebase_abandon()
                 LOG.info("the new base %s is numbered as its own: the rows stay in memory until a later base",
                          plan.rows_name)
                 return
-            with open(path, "rb", buffering=0) as f:   # the seqs run first..end-1: its ends say so
-                ends = (f.seek(seqs_at), f.read(8), f.seek(seqs_at + 8 * (end - first - 1)), f.read(8))
-            if (int.from_bytes(ends[1], "little"), int.from_bytes(ends[3], "little")) != (first, end - 1):
-                raise ValueError("its seqs are not the planned ones")
             self.table.rebase_open(path, identity, rows_at, first, end)
         except (OSError, ValueError, snapshot.SnapshotInvalid) as exc:
             self.table.rebase_abandon()

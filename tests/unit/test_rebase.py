@@ -118,8 +118,10 @@ def test_a_base_that_is_not_the_rows_is_given_up(tmp_path, caplog):
         plan = s.plan_snapshot()
         pos = _forked(s, plan, lambda: None)
         path = os.path.join(d, plan.rows_name)
-        _, _, rows_at, own = snapshot.rows_sections_at(s.io, path, N)
+        _, rows_at, own = snapshot.rows_sections_at(s.io, path, *plan.rebase)
         assert own
+        with pytest.raises(snapshot.SnapshotInvalid, match="does not hold seqs"):   # not the planned seqs
+            snapshot.rows_sections_at(s.io, path, plan.rebase[0] + 1, plan.rebase[1] + 1)
         with open(path, "r+b") as f:   # a row the table never wrote since differs in the file
             f.seek(rows_at + (2000 - plan.rebase[0]) * ROW_DTYPE.itemsize + ROW_DTYPE.fields["ts"][1])
             f.write(b"\xff")
@@ -321,7 +323,7 @@ def test_tables_mostly_unused_are_written_numbered_as_ever(tmp_path, monkeypatch
         s.table.sids.append("a-session-with-no-rows")
         plan = s.plan_snapshot()
         pos = _forked(s, plan, lambda: None)
-        _, _, _, own = snapshot.rows_sections_at(s.io, os.path.join(d, plan.rows_name), 200)
+        _, _, own = snapshot.rows_sections_at(s.io, os.path.join(d, plan.rows_name), *plan.rebase)
         assert not own
         s.install_snapshot(None, pos, plan, background=True)
         assert not s.table.rebasing and s.table.nbase == 0
