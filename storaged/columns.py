@@ -685,6 +685,11 @@ class MessageTable:
         self._rebase = None
 
     @property
+    def rows_file(self) -> str | None:
+        """The name of the base file the rows below ``nbase`` are mapped from (None: none)."""
+        return self._rows_file
+
+    @property
     def rebase_checking(self) -> bool:
         """A base is mapped and being checked against the rows (not yet in their place)."""
         return self._rebase is not None

@@ -1359,7 +1359,7 @@ class Store:
             more = t.rebase_step(rows)
             if checking and not t.rebase_checking:
                 LOG.info("the rows below seq %d are read from the base %s now: %.0f MiB of rows held in memory "
-                         "let go", t.nbase, t._rows_file, (held - len(t.rows)) / 2 ** 20)
+                         "let go", t.nbase, t.rows_file, (held - len(t.rows)) / 2 ** 20)
             return more
         except RebaseMismatch as exc:
             LOG.warning("the new base cannot take the place of the rows in memory (%s): they stay there", exc)

@@ -63,6 +63,11 @@ def _forked(s: Store, plan, meanwhile) -> int:
     return pos
 
 
+def _installed(s: Store, plan, meanwhile=lambda: None) -> None:
+    """_forked, then installed as the daemon installs a background snapshot (which maps its base)."""
+    s.install_snapshot(None, _forked(s, plan, meanwhile), plan, background=True)
+
+
 def test_a_background_base_takes_the_place_of_the_rows(tmp_path):
     d = str(tmp_path / "d")
     s, ids = _filled(d)
@@ -79,8 +84,7 @@ def test_a_background_base_takes_the_place_of_the_rows(tmp_path):
             for i in range(40):
                 write(s, "s-late", f"after the fork {i}")
 
-        pos = _forked(s, plan, meanwhile)
-        s.install_snapshot(None, pos, plan, background=True)
+        _installed(s, plan, meanwhile)
         assert t.rebasing and t.nbase == 0 and plan.rows_name in t.mapped_names()
         steps = 0
         while s.rebase_step(257):
@@ -147,8 +151,7 @@ def test_rows_with_a_gap_are_written_numbered_as_before(tmp_path):
         assert s.table.rebase_span() is None
         plan = s.plan_snapshot()
         assert plan.rows_base and plan.rebase is None and s.table._rebase_dirty is None
-        pos = _forked(s, plan, lambda: update(s, ids[3], content="changed"))
-        s.install_snapshot(None, pos, plan, background=True)
+        _installed(s, plan, lambda: update(s, ids[3], content="changed"))
         assert not s.table.rebasing and not s.rebase_step(500)
         state = live_state(s)
     finally:
@@ -215,8 +218,7 @@ def test_a_daemon_started_from_a_mapped_base_maps_the_next(tmp_path):
         s.rows_legacy = True   # a base is due
         plan = s.plan_snapshot()
         assert plan.rebase is not None and plan.rebase[1] > old_end
-        pos = _forked(s, plan, lambda: [update(s, ids[i], content=f"changed {i}") for i in (0, 500, 999)])
-        s.install_snapshot(None, pos, plan, background=True)
+        _installed(s, plan, lambda: [update(s, ids[i], content=f"changed {i}") for i in (0, 500, 999)])
         _checked(s)
         assert t.nbase == plan.rebase[1] and t._rows_file == plan.rows_name
         assert live_state(s) == _replayed(d, tmp_path)
@@ -245,14 +247,13 @@ def test_the_pending_base_is_never_cut_under_its_mapping(tmp_path):
     s = Store.open(d, io)
     try:
         plan = s.plan_snapshot()
-        pos = _forked(s, plan, lambda: None)
-        s.install_snapshot(None, pos, plan, background=True)
+        _installed(s, plan)
         assert s.rebase_step(100)   # under way
         delete(s, ids[500])   # a gap: the next base is numbered as ever, and tracks nothing
         s.rows_legacy = True
         second = s.plan_snapshot()
         assert second.rows_base and second.rebase is None and s.table.rebase_checking
-        s.install_snapshot(None, _forked(s, second, lambda: None), second, background=True)
+        _installed(s, second)
         assert plan.rows_name not in os.listdir(d) and plan.rows_name not in io.released
         _checked(s)
         assert s.table._rows_file == plan.rows_name
@@ -266,14 +267,13 @@ def test_a_new_base_planned_while_one_is_checked_starts_over(tmp_path):
     s, ids = _filled(d, 1000)
     try:
         first = s.plan_snapshot()
-        s.install_snapshot(None, _forked(s, first, lambda: None), first, background=True)
+        _installed(s, first)
         assert s.rebase_step(100) and s.table.rebase_checking
         write(s, "s-more", "one more")
         s.rows_legacy = True
         second = s.plan_snapshot()   # the first one's mapping is given up, the tracking starts over
         assert not s.table.rebase_checking and s.table._rebase_dirty == set()
-        pos = _forked(s, second, lambda: update(s, ids[3], content="changed after the second fork"))
-        s.install_snapshot(None, pos, second, background=True)
+        _installed(s, second, lambda: update(s, ids[3], content="changed after the second fork"))
         _checked(s)
         assert s.table._rows_file == second.rows_name and s.table.nbase == second.rebase[1]
         assert live_state(s) == _replayed(d, tmp_path)
