@@ -25,7 +25,7 @@ from protocol.config import (DAEMON_EXIT_CANNOT_START, DAEMON_EXIT_LOCKED, DAEMO
 from . import datadir, identity
 from .fileio import set_drop_pages
 from .salvage import salvage
-from .server import Server, install_signal_handlers
+from .server import MAPPED_RESIDENT_MIN, Server, install_signal_handlers
 from .store import Store
 
 LOG = logging.getLogger("convmem.storaged")
@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="after this many seconds with no request, let go of the resident pages of the store's "
                         "mapped files (the page cache keeps them; default 30; 0: never, not even those a start or "
                         "a rebuild read)")
+    p.add_argument("--mapped-resident-mib", type=int, default=None, metavar="MIB",
+                   help="while requests come, keep the resident pages of the store's mapped files under this many "
+                        "MiB, letting them go down to half of it once over (default 256; at least 64; 0: no cap)")
     p.add_argument("--log-level", default=os.environ.get("CONVMEM_LOG_LEVEL", "INFO"))
     p.add_argument("--log-file", metavar="PATH",
                    help="once the store is open, append the log to PATH instead of stderr (what a front-end that "
@@ -208,6 +211,9 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
     if args.release_idle_s is not None:
         server.release_idle_s = max(0.0, args.release_idle_s) if math.isfinite(args.release_idle_s) else 0.0
         set_drop_pages(server.release_idle_s > 0)   # 0: never, not after a start or a rebuild either
+    if args.mapped_resident_mib is not None:
+        server.mapped_resident_cap = (0 if args.mapped_resident_mib <= 0
+                                      else max(MAPPED_RESIDENT_MIN, args.mapped_resident_mib << 20))
     try:
         server.bind()
     except zmq.ZMQError as exc:

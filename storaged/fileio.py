@@ -314,6 +314,37 @@ def set_drop_pages(enabled: bool) -> None:
     _dropping = enabled
 
 
+def dropping_pages() -> bool:
+    """Whether ``drop_pages`` may do anything in this process (``set_drop_pages``)."""
+    return _dropping
+
+
+_statm: tuple[int, int] | None = None   # (pid, fd) of this process's /proc/<pid>/statm
+
+
+def file_resident_bytes() -> int | None:
+    """The bytes of this process's resident memory that are files' pages — its mappings' pages from the
+    page cache, what ``drop_pages`` can let go (``/proc/self/statm``'s shared field: RssFile plus
+    RssShmem, which the daemon has none of) — or None where the system cannot tell. A pread of a
+    file kept open, a few µs, so the request loop can ask it often; opened again after a fork (the
+    fd names the process that opened it)."""
+    global _statm
+    pid = os.getpid()
+    try:
+        if _statm is None or _statm[0] != pid:
+            if _statm is not None:
+                try:
+                    os.close(_statm[1])
+                except OSError:
+                    pass
+            _statm = None
+            _statm = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC))
+        fields = os.pread(_statm[1], 128, 0).split()
+        return int(fields[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def page_count(mm: mmap.mmap) -> int:
     """The pages of a mapping (the windows ``drop_pages`` takes count in them); 0 once closed."""
     try:

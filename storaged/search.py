@@ -1570,9 +1570,10 @@ class SearchIndex:
         builds a whole index (a rebuild's worker) writes out as a segment before it grows too big."""
         return self._lists_bytes() + sum(p.nbytes for p in self._parts if isinstance(p, _MemPart))
 
-    def segment_releasers(self) -> list:
-        """Each segment's release_pages, to call one at a time (Store.release_pages_step)."""
-        return [p.release_pages for p in self._parts if isinstance(p, Segment)]
+    def segment_releasers(self) -> list[tuple[Callable[[int, int], int], int]]:
+        """Each segment's release_pages and its page count, to call a window at a time
+        (Store.release_pages_step)."""
+        return [(p.release_pages, p.page_count()) for p in self._parts if isinstance(p, Segment)]
 
     def release_pages(self) -> int:
         """Let the process's resident pages of the segments' mappings go (Segment.release_pages): a load

@@ -49,7 +49,7 @@ from protocol.errors import ProtocolError, error_reply
 from protocol.history import HistoryError
 
 from . import children, compaction, heap, layout, views
-from .fileio import release_now
+from .fileio import dropping_pages, file_resident_bytes, release_now
 from .history import HistoryViews
 from .text import TextDamaged
 from .history import handlers as history_handlers
@@ -107,6 +107,17 @@ IDLE_SLICE_S = 0.02  # background work done at once while no request waits (it s
 # well inside it. At the round's end the C allocator gives back the free memory it keeps (heap.trim).
 # 0 (--release-idle-s 0): never.
 RELEASE_IDLE_S = 30.0
+# A burst of queries that never leaves the daemon at rest that long maps what it reads all the same: at
+# 5M events the query mix left 2.7 GB of postings and rows resident through the mappings, counted as the
+# daemon's RSS. After a batch the loop looks (at most every MAPPED_CHECK_S) whether the process's
+# resident file pages pass MAPPED_RESIDENT_CAP, and once they do lets them go
+# (Store.release_pages_while) down to half of it, at most MAPPED_RELEASE_S a turn; a round that left
+# them over it (pages nobody may drop) waits MAPPED_BACKOFF_S. 0 (--mapped-resident-mib 0): no cap.
+MAPPED_RESIDENT_CAP = 256 << 20
+MAPPED_RESIDENT_MIN = 64 << 20   # the smallest cap taken: the code's own pages are ~25 MB of it
+MAPPED_CHECK_S = 0.02
+MAPPED_RELEASE_S = 0.003
+MAPPED_BACKOFF_S = 1.0
 # A background snapshot's base of every row is mapped in place of the rows the daemon holds in memory
 # (Store.rebase_step: at 5M events 430 MB of them after an import), checked against them this many
 # rows a step: an idle turn's, and after each batch a smaller one (a backfill never leaves the loop
@@ -255,6 +266,9 @@ class Server:
         self.release_idle_s = RELEASE_IDLE_S
         self._active_at = time.monotonic()   # the last batch of requests (RELEASE_IDLE_S counts from it)
         self._pages_let_go = False   # a round of Store.release_pages_step has ended since then
+        self.mapped_resident_cap = MAPPED_RESIDENT_CAP
+        self._mapped_next = 0.0      # (monotonic) when _cap_mapped looks next
+        self._mapped_over = False    # letting go down to half the cap, in turns
         self.load_outcome: tuple[str, Any] | None = None
         self.load_error: BaseException | None = None
         self.on_loaded: Callable[[Store], None] | None = None
@@ -442,6 +456,7 @@ class Server:
         """The background work done after each batch and each import slice, in small steps, so that
         it advances under a load that never leaves the loop idle (an ingester's backfill)."""
         if self.store is not None:
+            self._cap_mapped()
             self.store.release_index_step()
             self.store.relocate_step(RELOCATE_STEP_BUSY)
             self.store.rebase_step(REBASE_ROWS_BUSY)
@@ -451,6 +466,27 @@ class Server:
                 # a load that never leaves the loop idle (reads back to back, an ingester's writes,
                 # whose own messages always queue for the index) would hold a start's leftovers off
                 self._load_later(time.monotonic() + BUSY_LOAD_SLICE_S, None)
+
+    def _cap_mapped(self) -> None:
+        """Keep the resident pages of the store's mappings under ``mapped_resident_cap`` while requests
+        come (MAPPED_RESIDENT_CAP says why)."""
+        now = time.monotonic()
+        if not self.mapped_resident_cap or (now < self._mapped_next and not self._mapped_over) \
+                or not dropping_pages():
+            return
+        self._mapped_next = now + MAPPED_CHECK_S
+        resident = file_resident_bytes()
+        if resident is None or (not self._mapped_over and resident <= self.mapped_resident_cap):
+            return
+        low = self.mapped_resident_cap // 2
+
+        def over_low() -> bool:
+            r = file_resident_bytes()
+            return r is not None and r > low
+
+        self._mapped_over = self.store.release_pages_while(over_low, now + MAPPED_RELEASE_S)
+        if not self._mapped_over and (file_resident_bytes() or 0) > self.mapped_resident_cap:
+            self._mapped_next = time.monotonic() + MAPPED_BACKOFF_S   # nothing more it may let go now
 
     def _load_later(self, deadline: float, interrupted: Callable[[], bool] | None) -> None:
         self._later_at = time.monotonic()

@@ -174,6 +174,7 @@ class Store:
         # indexing. Whoever searches reads ``search``, which first indexes whatever is still queued.
         self._index = SearchIndex()
         self._pages_next = 0   # the step of release_pages_step's round that comes next
+        self._cap_next = 0     # and of release_pages_while's
         self.unindexed: deque[int] = deque()
         # the deferred CRC checks of the index segments the start mapped (segment.SegmentCheck), until
         # index_check_step has taken their outcome; what discard_index said, until the index is whole again
@@ -285,25 +286,50 @@ class Store:
         a few rows and the parts of the lists it searches. Bytes advised."""
         return self.table.release_pages() + self._index.release_pages()   # (not .search: it indexes the queue)
 
-    def release_pages_step(self) -> bool:
-        """One step of ``release_pages`` while the daemon rests: a segment, or DROP_WINDOW_PAGES pages of
-        the table's rows, or one of its other mappings (each at most a few ms at 5M events). Why: a
-        query mix reads ~2 GB of a 5M store's postings through the segments' mappings, which the
-        kernel then counts as the daemon's until something lets them go. False once a round has ended
-        (the next call starts another); what there is to let go is looked up at each step (a merge may
-        have replaced a segment; ``release_pages_restart`` after a request starts the round over)."""
-        units: list[Callable[[], int]] = self._index.segment_releasers()
+    def _release_units(self) -> list[Callable[[], int]]:
+        """What ``release_pages`` does, in steps of at most DROP_WINDOW_PAGES pages of one mapping (the
+        segments' and the table's): each a few ms at most at 5M events, where a whole segment of a GB
+        of resident pages took tens. Looked up afresh at each call (a merge may have replaced a segment)."""
+        units: list[Callable[[], int]] = []
+        for release, pages in self._index.segment_releasers():
+            units += [functools.partial(release, at, DROP_WINDOW_PAGES) for at in range(0, pages, DROP_WINDOW_PAGES)]
         for mm, private in self.table.mappings():
-            if private:
-                units += [functools.partial(drop_pages, mm, True, at, DROP_WINDOW_PAGES)
-                          for at in range(0, page_count(mm), DROP_WINDOW_PAGES)]
-            else:
-                units.append(functools.partial(drop_pages, mm, False))
+            units += [functools.partial(drop_pages, mm, private, at, DROP_WINDOW_PAGES)
+                      for at in range(0, page_count(mm), DROP_WINDOW_PAGES)]
+        return units
+
+    def release_pages_step(self) -> bool:
+        """One step of ``release_pages`` while the daemon rests (``_release_units``). Why: a query mix
+        reads ~2 GB of a 5M store's postings through the segments' mappings, which the kernel then
+        counts as the daemon's until something lets them go. False once a round has ended (the next
+        call starts another; ``release_pages_restart`` after a request starts the round over)."""
+        units = self._release_units()
         step = self._pages_next
         if step < len(units):
             units[step]()
         self._pages_next = step + 1 if step + 1 < len(units) else 0
         return self._pages_next != 0
+
+    def release_pages_while(self, more: Callable[[], bool], deadline: float) -> bool:
+        """Steps of ``release_pages`` while ``more()`` and the clock is before ``deadline``, going on from
+        where the last call stopped (its own round, which requests do not restart: it runs while they
+        come). Why: a burst of queries that never leaves the daemon at rest maps GBs of postings
+        (3.5 GB at 5M events); the request loop keeps what they map under a cap with this. True if the
+        deadline stopped it (more to do); False once ``more()`` is false or a whole round has been
+        done (nothing more to let go now)."""
+        units = self._release_units()
+        step = self._cap_next if self._cap_next < len(units) else 0
+        try:
+            for _ in range(len(units)):
+                if not more():
+                    return False
+                units[step]()
+                step = step + 1 if step + 1 < len(units) else 0
+                if time.monotonic() >= deadline:
+                    return True
+            return False
+        finally:
+            self._cap_next = step
 
     def release_pages_restart(self) -> None:
         """The next release_pages_step starts a round from its first step (a request may have read

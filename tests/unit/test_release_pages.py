@@ -208,10 +208,11 @@ def test_release_pages_step_goes_round_every_mapping_one_a_step(tmp_path, monkey
         from storaged import store as store_module
         monkeypatch.setattr(store_module, "DROP_WINDOW_PAGES", 64)   # the rows' pages 64 a step
         monkeypatch.setattr(fileio, "DROP_WINDOW_PAGES", 16)   # looked at 16 at a time
-        n_segments = store.index_segments()[0]
-        assert n_segments >= 1
-        windows = sum(-(-fileio.page_count(mm) // 64) if private else 1 for mm, private in store.table.mappings())
+        assert store.index_segments()[0] >= 1
+        segment_windows = sum(-(-pages // 64) for _, pages in store._index.segment_releasers())
+        windows = sum(-(-fileio.page_count(mm) // 64) for mm, _ in store.table.mappings())
         assert windows > 2
+        n_segments = segment_windows   # (each segment a window at a time too)
         for _ in range(3):
             assert search(store, query="word9 topic4 note", limit=10)["results"]
             live_state(store)   # every row read through the table's mapping
@@ -219,7 +220,7 @@ def test_release_pages_step_goes_round_every_mapping_one_a_step(tmp_path, monkey
             steps = 1
             while store.release_pages_step():
                 steps += 1
-            assert steps == n_segments + windows   # each segment, then the table a window at a time
+            assert steps == n_segments + windows   # each segment, then the table, a window at a time
             assert sum(_store_files_kib(d).values()) <= 64
         live_state(store)
         store.release_pages_step()
@@ -252,4 +253,91 @@ def test_a_rebuild_lets_the_pages_its_install_read_go_in_release_steps(tmp_path)
         assert live_state(store) == before
         assert search(store, query="word7 topic3", limit=5)["results"]
     finally:
+        store.close()
+
+
+def _read_everything(store: Store, d: str) -> int:
+    """Search and read every row, so the mappings hold resident pages; KiB of the store's files resident."""
+    for q in ("word9 topic4 note", "word11 topic7", "note about"):
+        assert search(store, query=q, limit=10)["results"]
+    live_state(store)
+    resident = sum(_store_files_kib(d).values())
+    assert resident > 64
+    return resident
+
+
+@needs_pagemap
+def test_release_pages_while_steps_on_from_where_it_stopped_until_told_enough(tmp_path, monkeypatch):
+    """Store.release_pages_while: one window a step; stopped by the deadline it goes on at the next call
+    from where it stopped (a request does not restart it); stopped by ``more()`` at once; a whole round
+    lets every page go and says there is nothing more."""
+    import time
+
+    from storaged import store as store_module
+    d = str(tmp_path / "data")
+    _big_store(d)
+    store = Store.open(d)
+    try:
+        monkeypatch.setattr(store_module, "DROP_WINDOW_PAGES", 64)
+        units = len(store._release_units())
+        assert units > 4
+        _read_everything(store, d)
+        assert store.release_pages_while(lambda: True, time.monotonic() - 1)   # the deadline: one step
+        assert store._cap_next == 1
+        store.release_pages_restart()   # (what a request does to the resting round: not this one)
+        asked = []
+
+        def three_more() -> bool:
+            asked.append(1)
+            return len(asked) <= 3
+
+        assert not store.release_pages_while(three_more, time.monotonic() + 60)
+        assert store._cap_next == 4 and len(asked) == 4
+        assert not store.release_pages_while(lambda: True, time.monotonic() + 60)   # a whole round
+        assert store._cap_next == 4   # (round from where it stood, back to it)
+        assert sum(_store_files_kib(d).values()) <= 64
+    finally:
+        store.close()
+
+
+@needs_pagemap
+def test_the_loop_keeps_the_mapped_pages_under_its_cap_while_requests_come(tmp_path):
+    """Server._cap_mapped, after each batch: under the cap nothing is let go; over it, the store's
+    pages go (down to half the cap, here below what the process's own code keeps, so all of them)
+    and, with the process still over the cap, it waits MAPPED_BACKOFF_S before it looks again."""
+    import time
+
+    from storaged import fileio
+    from storaged.server import MAPPED_BACKOFF_S, Server
+    d = str(tmp_path / "data")
+    _big_store(d)
+    store = Store.open(d)
+    server = Server(store, "inproc://convmem-mapped-cap")
+    try:
+        resident = _read_everything(store, d)
+        total = fileio.file_resident_bytes()
+        assert total is not None and total >= resident << 10
+        server.mapped_resident_cap = total + (64 << 20)   # well over: nothing to do
+        server._cap_mapped()
+        assert not server._mapped_over and sum(_store_files_kib(d).values()) == resident
+        server._mapped_next = 0.0
+        server.mapped_resident_cap = total - (resident << 9)   # half the store's pages over it
+        turns = 0
+        while True:
+            server._cap_mapped()
+            turns += 1
+            if not server._mapped_over:
+                break
+            assert turns < 10_000
+        assert sum(_store_files_kib(d).values()) <= 64
+        assert fileio.file_resident_bytes() < server.mapped_resident_cap
+        looks_next = server._mapped_next
+        server.mapped_resident_cap = 1 << 20   # below what no one may let go: it backs off
+        server._mapped_next = 0.0
+        t0 = time.monotonic()
+        server._cap_mapped()
+        assert not server._mapped_over and server._mapped_next >= t0 + MAPPED_BACKOFF_S - 0.01
+        assert looks_next < server._mapped_next
+    finally:
+        server.close()
         store.close()
