@@ -111,8 +111,10 @@ RELEASE_IDLE_S = 30.0
 # 5M events the query mix left 2.7 GB of postings and rows resident through the mappings, counted as the
 # daemon's RSS. After a batch the loop looks (at most every MAPPED_CHECK_S) whether the process's
 # resident file pages pass MAPPED_RESIDENT_CAP, and once they do lets them go
-# (Store.release_pages_while) down to half of it, at most MAPPED_RELEASE_S a turn; a round that left
-# them over it (pages nobody may drop) waits MAPPED_BACKOFF_S. 0 (--mapped-resident-mib 0): no cap.
+# (Store.release_pages_while) down to half of it, at most MAPPED_RELEASE_S a turn and past the first
+# window only while no request waits (a query's client would wait behind it: 3 ms turns cost the mix's
+# p50 4 ms); a round that left them over it (pages nobody may drop) waits MAPPED_BACKOFF_S.
+# 0 (--mapped-resident-mib 0): no cap.
 MAPPED_RESIDENT_CAP = 256 << 20
 MAPPED_RESIDENT_MIN = 64 << 20   # the smallest cap taken: the code's own pages are ~25 MB of it
 MAPPED_CHECK_S = 0.02
@@ -479,13 +481,20 @@ class Server:
         if resident is None or (not self._mapped_over and resident <= self.mapped_resident_cap):
             return
         low = self.mapped_resident_cap // 2
+        asked = 0
 
-        def over_low() -> bool:
+        def over_low() -> bool:   # (a window at least; then only while no request waits: in the gaps)
+            nonlocal asked
+            asked += 1
+            if asked > 1 and self._request_waiting():
+                return False
             r = file_resident_bytes()
             return r is not None and r > low
 
-        self._mapped_over = self.store.release_pages_while(over_low, now + MAPPED_RELEASE_S)
-        if not self._mapped_over and (file_resident_bytes() or 0) > self.mapped_resident_cap:
+        stopped = self.store.release_pages_while(over_low, now + MAPPED_RELEASE_S)
+        resident = file_resident_bytes() or 0
+        self._mapped_over = stopped and resident > low
+        if not stopped and resident > self.mapped_resident_cap:
             self._mapped_next = time.monotonic() + MAPPED_BACKOFF_S   # nothing more it may let go now
 
     def _load_later(self, deadline: float, interrupted: Callable[[], bool] | None) -> None:

@@ -315,14 +315,14 @@ class Store:
         where the last call stopped (its own round, which requests do not restart: it runs while they
         come). Why: a burst of queries that never leaves the daemon at rest maps GBs of postings
         (3.5 GB at 5M events); the request loop keeps what they map under a cap with this. True if the
-        deadline stopped it (more to do); False once ``more()`` is false or a whole round has been
-        done (nothing more to let go now)."""
+        deadline or ``more()`` stopped it; False once it has done a whole round (nothing more to let go
+        now)."""
         units = self._release_units()
         step = self._cap_next if self._cap_next < len(units) else 0
         try:
             for _ in range(len(units)):
                 if not more():
-                    return False
+                    return True
                 units[step]()
                 step = step + 1 if step + 1 < len(units) else 0
                 if time.monotonic() >= deadline:
