@@ -111,10 +111,13 @@ RELEASE_IDLE_S = 30.0
 # 5M events the query mix left 2.7 GB of postings and rows resident through the mappings, counted as the
 # daemon's RSS. After a batch the loop looks (at most every MAPPED_CHECK_S) whether the process's
 # resident file pages pass MAPPED_RESIDENT_CAP, and once they do lets them go
-# (Store.release_pages_while) down to half of it, at most MAPPED_RELEASE_S a turn and past the first
-# window only while no request waits (a query's client would wait behind it: 3 ms turns cost the mix's
-# p50 4 ms); a round that left them over it (pages nobody may drop) waits MAPPED_BACKOFF_S.
-# 0 (--mapped-resident-mib 0): no cap.
+# (Store.release_pages_while) down to half of it, in turns of at most MAPPED_RELEASE_S that go on in
+# idle turns; past a turn's first window only while no request waits. Why not more: a query at 5M
+# events reads ~100 MB of postings, and letting them go and mapping them back costs ~0.1 µs a page
+# each way — turns that ran whatever waited kept the mix's RSS at 946 MiB but cost its p50 4-6 ms. So a
+# client that leaves gaps (an agent between calls) keeps the cap; a burst back to back is served
+# first and held back a window a batch (2.1 GB resident after the 5M mix instead of 2.9). A round that
+# left them over the cap (pages nobody may drop) waits MAPPED_BACKOFF_S. 0 (--mapped-resident-mib 0): no cap.
 MAPPED_RESIDENT_CAP = 256 << 20
 MAPPED_RESIDENT_MIN = 64 << 20   # the smallest cap taken: the code's own pages are ~25 MB of it
 MAPPED_CHECK_S = 0.02
@@ -382,7 +385,7 @@ class Server:
             # while an import is in progress, messages move to a compacted log, the search index has a
             # queue or a base is taking the rows' place, poll without waiting: idle time goes to them
             store = self.store
-            busy = self.imports or self.rebuild_reading or self.rebuild_outcome or (
+            busy = self.imports or self.rebuild_reading or self.rebuild_outcome or self._mapped_over or (
                 store is not None and (store.unindexed or store.relocation or store.loading_later
                                        or store.table.rebasing))
             events = dict(poller.poll(0 if busy else SPLIT_POLL_MS if self.split else POLL_MS))
@@ -555,6 +558,9 @@ class Server:
         """Background steps while no request waits: moving messages to a compacted log, then the search
         index's (at most IDLE_SLICE_S, and never past the arrival of a request)."""
         deadline = time.monotonic() + IDLE_SLICE_S
+        if self._mapped_over:   # a gap between requests: the mapped-page cap's release goes on in it
+            self._cap_mapped()
+            return
         if self.store.relocate_step(RELOCATE_STEP):
             return
         if self.store.rebase_step(REBASE_ROWS):
