@@ -74,6 +74,8 @@ from storaged.server import RELEASE_IDLE_S, SNAPSHOT_EVERY_RECORDS
 
 PHASES = ("gen", "ingest", "start", "search", "wait", "write", "fts5")
 LIMIT = 10
+PACED_GAP_S = 0.05         # the paced mix: a pause after each query (an agent's between its calls)
+PACED_EVERY = 4            # and every 4th query of the mix
 PROBE_EVERY_S = 0.005
 WAIT_GOAL_MS = 50.0
 LONG_MS = 600_000          # a request's reply timeout: a rebuild or an import of a big batch may take a while
@@ -295,8 +297,25 @@ class Bench:
                 out[op] = time_queries(qs, lambda q: c.call(op, args(q)), hits=_hits[op])
         out["rss_after"] = self.mem()
         with self.client() as c:
+            out["paced"] = self.paced(c, qs)
             out["rested"] = self.rested(c, qs)
         return out
+
+    def paced(self, c: Client, qs: list[tuple[str, str]]) -> dict[str, Any]:
+        """The mix again with a pause of PACED_GAP_S after each query, as an agent between its calls:
+        the daemon's RSS after each pause (the cap on its mapped pages, storaged.server.
+        MAPPED_RESIDENT_CAP, is kept in the gaps, where a burst back to back outruns it) and the
+        latencies."""
+        pid = self.running().pid
+        lat, rss = [], []
+        for _, q in qs[::PACED_EVERY]:
+            t0 = time.perf_counter()
+            c.call("search_messages", {"query": q, "limit": LIMIT})
+            lat.append(time.perf_counter() - t0)
+            time.sleep(PACED_GAP_S)
+            rss.append(proc_mem(pid)["VmRSS"])
+        return {"gap_s": PACED_GAP_S, "queries": len(lat), "latency_ms": stats_ms(lat),
+                "rss_max": max(rss), "rss_median": statistics.median(rss)}
 
     def rested(self, c: Client, qs: list[tuple[str, str]]) -> dict[str, Any]:
         """The daemon's memory once it has rested (server.RELEASE_IDLE_S with no request: it lets the
@@ -526,6 +545,8 @@ def table(res: dict[str, Any]) -> list[list[Any]]:
         ("daemon RSS after clean start MiB", g("start", "clean", "rss", "VmRSS"), None, "<=", 1024),
         ("daemon RSS after the query mix MiB", g("search", "rss_after", "VmRSS"), None, "<=", 1024),
         ("daemon anonymous RSS after the query mix MiB", g("search", "rss_after", "RssAnon"), None, "<=", 1024),
+        ("daemon RSS during the mix paced (max after each gap) MiB", g("search", "paced", "rss_max"), None,
+         "<=", 1024),
         ("daemon RSS after the mix and a rest MiB", g("search", "rested", "rss", "VmRSS"), None,
          "<=", 1024),
         ("start after clean stop, until it serves a search s", g("start", "clean", "first_search_s"),

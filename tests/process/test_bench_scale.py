@@ -46,9 +46,11 @@ def test_bench_scale_tiny(tmp_path):
     for kind in ("prompt", "error", "common", "rare", "all"):
         assert res["search"]["search_messages"]["latency_ms"][kind]["n"] > 0
     assert res["ingest"]["settled"]["rss"]["VmRSS"] > 0
+    paced = res["search"]["paced"]
+    assert paced["queries"] > 0 and paced["latency_ms"]["n"] == paced["queries"] and paced["rss_max"] > 0
     rested = res["search"]["rested"]
     assert rested["rss"]["VmRSS"] > 0 and set(rested["after_rest_ms"]) == set(rested["warm_ms"]) >= {"prompt", "rare"}
-    assert len(res["table"]) == 20
+    assert len(res["table"]) == 21
     for label, ours, fts5, _target, met in res["table"]:
         assert ours != "-", label
         assert (fts5 != "-") == label.startswith(FTS5_ROWS), label
