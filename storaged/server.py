@@ -272,6 +272,7 @@ class Server:
         self._active_at = time.monotonic()   # the last batch of requests (RELEASE_IDLE_S counts from it)
         self._pages_let_go = False   # a round of Store.release_pages_step has ended since then
         self.mapped_resident_cap = MAPPED_RESIDENT_CAP
+        self._slowest_op = ("", 0.0)   # (op, seconds) of the batch being served: what a slow one logs
         self._mapped_next = 0.0      # (monotonic) when _cap_mapped looks next
         self._mapped_over = False    # letting go down to half the cap, in turns
         self.load_outcome: tuple[str, Any] | None = None
@@ -411,9 +412,11 @@ class Server:
                     if self.store is not None:
                         self._pages_let_go = False
                         self.store.release_pages_restart()
+                    self._slowest_op = ("", 0.0)
                     self._serve_batch(batch)
+                    t1 = time.monotonic()
                     self._busy_work()
-                    self._note_slow(t0, lambda: f"a batch of {len(batch)} request(s)")
+                    self._note_slow(t0, lambda: self._batch_said(len(batch), t1))
             if self.imports:
                 # one slice of the oldest import after every batch, so it advances under any load and
                 # nobody waits behind more than one slice of it
@@ -506,6 +509,12 @@ class Server:
         if not self.store.loading_later:
             LOG.info("the start's sessions, history ids and file touches are loaded (%d sessions)",
                      len(self.store.sessions))
+
+    def _batch_said(self, n: int, served_at: float) -> str:
+        """What a slow batch was, for the log: its slowest request, and the busy work after it."""
+        op, took = self._slowest_op
+        return (f"a batch of {n} request(s) (the slowest: {op or '?'}, {took * 1000:.0f} ms; the busy work "
+                f"after it {(time.monotonic() - served_at) * 1000:.0f} ms)")
 
     @staticmethod
     def _note_slow(t0: float, what: Callable[[], str]) -> None:
@@ -826,7 +835,13 @@ class Server:
             args = wire.validate_args(op, raw_args, context)
             if self.store is None:
                 return self._loading_reply(op)
-            return self.handlers[op](args, rid)
+            t0 = time.monotonic()
+            try:
+                return self.handlers[op](args, rid)
+            finally:
+                took = time.monotonic() - t0
+                if took > self._slowest_op[1]:
+                    self._slowest_op = (op, took)
         except Exception as exc:
             return self._failure(op, exc)
 
