@@ -38,7 +38,7 @@ import struct
 import sys
 from collections.abc import Iterator, Mapping
 from sys import intern
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from .fileio import drop_pages, map_private
 from .records import EXT, UPDATE, WRITE
 from .text import (TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, TextDamaged, location_from_parts,
                    location_parts)
+
+if TYPE_CHECKING:
+    from .snapshot import RowsSections
 
 # codes of the enum-like fields; 0 is "none" (an etype code of 0 is a dead seq: Store.etype_filter)
 ETYPE_CODE = {t: i + 1 for i, t in enumerate(EVENT_TYPES)}
@@ -213,7 +216,8 @@ class MessageTable:
 
     __slots__ = ("rows", "base", "nbase", "_base_map", "_rows_file", "_keys_file", "etype", "etype_epoch", "tcid_bytes", "summary",
                  "relations", "source_ids", "ext_files", "wide", "odd_id", "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
-                 "keys", "key_seqs", "_keys_view", "_seqs_view", "recent", "by_seq", "by_id", "_rebase_end",
+                 "keys", "key_seqs", "_keys_view", "_seqs_view", "base_keys", "base_key_seqs", "_bkeys_view",
+                 "_bseqs_view", "recent", "by_seq", "by_id", "_rebase_end", "_rebase_keys",
                  "_rebase_dirty", "_rebase", "_rows_retired")
 
     # id (16 bytes: the ULID's number; zeros for an odd id), session number (from 1), timestamp,
@@ -252,18 +256,28 @@ class MessageTable:
         self.sources: dict[int, LogText] = {}
         self.generation = 0
         self.count = 0
-        # id -> seq: sorted keys and their seqs (and memoryviews of them, which bisect reads in C), and
-        # the ids put since they were merged
+        # id -> seq, in three levels a lookup tries in turn: the ids put since the last merge (``recent``);
+        # the sorted keys and seqs merged from them (``keys``, ``key_seqs``: in memory); and the sorted
+        # keys and seqs of the base (``base_keys``, ``base_key_seqs``: read-only, mapped from the base's
+        # file where they can be), which a merge never copies — at five million ids they are 80 MB, and a
+        # merge into them made them the heap's, copying them every RECENT_MAX puts (~20 ms each). The
+        # base's may name seqs since deleted: a lookup checks the row's liveness and its id anyway.
+        # (The memoryviews are what bisect reads in C.)
         self.keys = np.zeros(0, np.uint64)
         self.key_seqs = np.zeros(0, np.int64)
         self._keys_view = memoryview(self.keys)
         self._seqs_view = memoryview(self.key_seqs)
+        self.base_keys = self.keys
+        self.base_key_seqs = self.key_seqs
+        self._bkeys_view = self._keys_view
+        self._bseqs_view = self._seqs_view
         self.recent: dict[str, int] = {}
         self.by_seq = BySeq(self)
         self.by_id = ById(self)
         # a base this process is having written of its own rows, to be mapped in their place once it is
         # (``rebase_track``): the seqs below _rebase_end written since the fork, and the mapping in steps
         self._rebase_end = 0
+        self._rebase_keys = 0   # the id keys the base holds (one a live canonical id at the fork)
         self._rebase_dirty: set[int] | None = None
         self._rebase: _Rebase | None = None
         self._rows_retired: list[bytearray] = []   # the rows mapped bases replaced, freed in steps
@@ -497,8 +511,12 @@ class MessageTable:
             return seq
         if len(mid) != ID_BYTES or not ULID_RE.fullmatch(mid):
             return self.odd_seq.get(mid)
-        keys = self._keys_view
         key = id_key(mid)
+        seq = self._seek(self._keys_view, self._seqs_view, key, mid)
+        return seq if seq is not None else self._seek(self._bkeys_view, self._bseqs_view, key, mid)
+
+    def _seek(self, keys: memoryview, seqs: memoryview, key: int, mid: str) -> int | None:
+        """The live seq of the canonical id ``mid`` (lookup key ``key``) among sorted ``keys``, or None."""
         i = bisect.bisect_left(keys, key)
         n = len(keys)
         if i == n or keys[i] != key:
@@ -506,7 +524,7 @@ class MessageTable:
         raw = id_raw(mid)
         etype, odd = self.etype, self.odd_id
         while i < n and keys[i] == key:
-            seq = self._seqs_view[i]
+            seq = seqs[i]
             if etype[seq]:
                 buf, off = self._at(seq)
                 if buf[off:off + ID_RAW] == raw and not (odd and seq in odd):
@@ -518,8 +536,15 @@ class MessageTable:
         self.keys, self.key_seqs = keys, seqs
         self._keys_view, self._seqs_view = memoryview(keys), memoryview(seqs)
 
+    def _set_base_keys(self, keys: np.ndarray, seqs: np.ndarray, file: str | None) -> None:
+        """The base level of the id lookup (``file``: the name of the file they are mapped from, if they are)."""
+        self.base_keys, self.base_key_seqs = keys, seqs
+        self._bkeys_view, self._bseqs_view = memoryview(keys), memoryview(seqs)
+        self._keys_file = file
+
     def merge_keys(self) -> None:
-        """Move the recent ids into the sorted keys, and drop the keys of seqs no longer live."""
+        """Move the recent ids into the sorted keys (not the base's), and drop the keys of seqs no longer
+        live."""
         if not self.recent:
             return
         seqs = np.fromiter(self.recent.values(), np.int64, len(self.recent))
@@ -554,7 +579,9 @@ class MessageTable:
         seqs = seqs[self._canonical(seqs)]
         keys = _keys(self._id_rows(seqs))
         order = np.argsort(keys)  # equal keys need no order: a lookup tries each
-        self._set_keys(keys[order], seqs[order])
+        self._set_base_keys(keys[order], seqs[order], None)
+        empty = np.zeros(0, np.uint64)
+        self._set_keys(empty, empty.view(np.int64))
 
     # ------------------------------------------------------------------ row segments (snapshot.py)
     def segment_columns(self, seqs: np.ndarray, locs: Any = None, rec_sizes: Any = None,
@@ -674,14 +701,17 @@ class MessageTable:
 
     def rebase_track(self, end: int) -> None:
         """Note from now on the seqs below ``end`` whose rows are written (a base of them is being
-        written by a forked child); any mapping of an earlier base not yet in place is given up."""
+        written by a forked child); any mapping of an earlier base not yet in place is given up. (And
+        how many id keys the base holds: one a live canonical id.)"""
         self.rebase_abandon()
         self._rebase_end = end
         self._rebase_dirty = set()
+        self._rebase_keys = self.count - len(self.odd_id)
 
     def rebase_abandon(self) -> None:
         self._rebase_dirty = None
         self._rebase_end = 0
+        self._rebase_keys = 0
         self._rebase = None
 
     @property
@@ -700,21 +730,30 @@ class MessageTable:
         (``rebase_step`` has work)."""
         return self._rebase is not None or bool(self._rows_retired)
 
-    def rebase_open(self, path: str, identity: tuple[int, int, int], rows_at: int, first: int, end: int) -> None:
-        """Map the rows of seqs ``first``..``end`` of the base at ``path`` (its rows section at file offset
-        ``rows_at``) to be checked by ``rebase_step``. OSError / ValueError (nothing changes but the
-        tracking, which stops) if it is not the base ``rebase_track`` was told of or cannot be mapped."""
+    def rebase_open(self, path: str, where: "RowsSections", first: int, end: int) -> None:
+        """Map the rows of seqs ``first``..``end`` of the base at ``path`` (``where``: where its sections lie,
+        snapshot.rows_sections_at) to be checked by ``rebase_step``, and its id keys (read-only) to be
+        checked with them. OSError / ValueError (nothing changes but the tracking, which stops) if it is
+        not the base ``rebase_track`` was told of or cannot be mapped."""
         dirty = self._rebase_dirty
         try:
             if dirty is None or end != self._rebase_end or not 0 <= first < end or end < self.nbase \
-                    or rows_at < first * _ROW_SIZE:
+                    or where.rows_at < first * _ROW_SIZE:
                 raise ValueError("the base is not the one whose rows were tracked")
-            mm, at = map_private(path, rows_at - first * _ROW_SIZE, end * _ROW_SIZE, identity)
+            if where.keys != self._rebase_keys:
+                raise ValueError(f"the base holds {where.keys} id keys where the table had {self._rebase_keys}")
+            mm, at = map_private(path, where.rows_at - first * _ROW_SIZE, end * _ROW_SIZE, where.identity)
+            keys = seqs = None
+            if where.keys:
+                n = where.keys * 8
+                kmm, kat = map_private(path, where.keys_at, n, where.identity, writable=False)
+                smm, sat = map_private(path, where.key_seqs_at, n, where.identity, writable=False)
+                keys, seqs = np.frombuffer(kmm, np.uint64, where.keys, kat), np.frombuffer(smm, np.int64, where.keys, sat)
         except BaseException:
             self.rebase_abandon()
             raise
         self._rebase = _Rebase(mm, memoryview(mm)[at:at + end * _ROW_SIZE], at, first, end,
-                               os.path.basename(path), first)
+                               os.path.basename(path), first, keys, seqs)
 
     def rebase_step(self, rows: int) -> bool:
         """Check up to ``rows`` rows of the mapped base against the table's, the ones written since the
@@ -753,10 +792,43 @@ class MessageTable:
             a, b = (rb.at + lo * _ROW_SIZE) // page, (rb.at + hi * _ROW_SIZE + page - 1) // page
             drop_pages(rb.mm, True, a, b - a)
             rb.next = hi
-            if hi < rb.end:
-                return True
+        if rb.keys is not None and rb.keys_next < len(rb.keys):
+            self._rebase_check_keys(rb, rows)
+        if rb.next < rb.end or (rb.keys is not None and rb.keys_next < len(rb.keys)):
+            return True
         self._rebase_install(rb)
         return False
+
+    def _rebase_check_keys(self, rb: "_Rebase", n: int) -> None:
+        """Check the next ``n`` of the base's id keys: sorted, each naming a seq of the base once, and the
+        key of the id of that seq's row (unless deleted since the fork: a lookup skips it). With their
+        count (rebase_open), every live canonical id's key is then there. RebaseMismatch if not: the
+        base is given up (the rows and keys stay in memory)."""
+        lo = rb.keys_next
+        hi = min(len(rb.keys), lo + n)
+        k, q = rb.keys[max(0, lo - 1):hi], rb.key_seqs[lo:hi]
+        why = None
+        if len(k) > 1 and not (k[1:] >= k[:-1]).all():
+            why = "are not sorted"
+        elif len(q) and (int(q.min()) < rb.first or int(q.max()) >= rb.end):
+            why = "name a seq beyond its rows"
+        else:
+            seen = rb.seen
+            if seen[q].any() or len(np.unique(q)) != len(q):
+                why = "name a seq twice"
+            else:
+                seen[q] = 1
+                live = np.frombuffer(self.etype, np.uint8)[q] != 0
+                mine = _keys(self._id_rows(q[live]))
+                if not (mine == rb.keys[lo:hi][live]).all():
+                    why = "differ from the ids of the rows they name"
+        if why is not None:
+            name = rb.name
+            self.rebase_abandon()
+            raise RebaseMismatch(f"the id keys of the base {name} {why}")
+        rb.keys_next = hi
+        for arr in (rb.keys, rb.key_seqs):   # (the page cache keeps what was just read)
+            drop_pages(arr.base.obj if isinstance(arr.base, memoryview) else arr.base, False)
 
     def _rebase_install(self, rb: "_Rebase") -> None:
         """The checked base in place of the rows below its end: the rows written since their check first
@@ -771,6 +843,10 @@ class MessageTable:
         self._rows_retired.append(self.rows)
         self.rows = self.rows[keep:]   # (a copy of the rows above the base)
         self.base, self.nbase, self._base_map, self._rows_file = rb.view, rb.end, rb.mm, rb.name
+        if rb.keys is not None:   # its id keys in place of the base level's, the merged ones of its seqs dropped
+            above = self.key_seqs >= rb.end
+            self._set_keys(self.keys[above], self.key_seqs[above])
+            self._set_base_keys(rb.keys, rb.key_seqs, rb.name)
         self.rebase_abandon()
 
     def load_segments(self, segments: list[tuple[dict[str, Any], list[int]]], src: LogText,
@@ -927,7 +1003,7 @@ class MessageTable:
         """The table's file mappings and whether each is private (copy-on-write: the rows', which keeps
         the rows written since the snapshot) or a read-only one (a base's id keys, ``_mapped``)."""
         out = [(self._base_map, True)] if self._base_map is not None else []
-        for arr in (self.keys, self.key_seqs):
+        for arr in (self.base_keys, self.base_key_seqs):
             under = arr.base.obj if isinstance(arr.base, memoryview) else arr.base
             if isinstance(under, mmap.mmap):
                 out.append((under, False))
@@ -940,31 +1016,40 @@ class MessageTable:
         return sum(drop_pages(mm, private) for mm, private in self.mappings())
 
     def _merge_segment_keys(self, segments: list[tuple[dict[str, Any], list[int]]]) -> None:
-        """The id lookup from the segments' sorted keys: each merged into the ones before it (a
-        linear insert), the keys of seqs no longer live then dropped."""
-        keys = np.zeros(0, np.uint64)
-        key_seqs = np.zeros(0, np.int64)
-        kept = None   # the segment whose (mapped) arrays are the keys as they are
-        for cols, _ in segments:
+        """The id lookup from the segments' sorted keys: the first's (the base's) as the base level, kept
+        mapped as they are — those of its seqs deleted since included (a lookup skips them) — and the
+        later ones' merged into each other (a linear insert) as the level above it, the keys of seqs no
+        longer live dropped from them."""
+        empty = np.zeros(0, np.uint64)
+        base, base_seqs, file = empty, empty.view(np.int64), None
+        keys, key_seqs = empty, empty.view(np.int64)
+        for i, (cols, _) in enumerate(segments):
             k, q = _mapped(cols, "keys", np.uint64), _mapped(cols, "key_seqs", np.int64)
             if len(k) != len(q) or (len(k) > 1 and not (k[1:] >= k[:-1]).all()):
                 raise ValueError("a row segment's id keys are not sorted, or not one a seq")
             if len(q) and (int(q.max()) >= len(self.etype) or int(q.min()) < 0):
                 raise ValueError("a row segment's id key names a seq beyond its rows")
-            if len(keys):
+            if i == 0:
+                base, base_seqs = k, q
+                if len(k) and not k.flags.writeable:
+                    # the segment's mapped arrays themselves: its file must not be cut while they live
+                    file = os.path.basename(cols["file"][0])
+            elif len(keys):
                 at = np.searchsorted(keys, k)
                 keys, key_seqs = np.insert(keys, at, k), np.insert(key_seqs, at, q)
-                kept = None
-            elif len(k):
-                keys, key_seqs, kept = k, q, cols
-        live = np.frombuffer(self.etype, np.uint8)[key_seqs] != 0
-        if not live.all():
-            keys, key_seqs, kept = keys[live], key_seqs[live], None
-        if kept is not None and not keys.flags.writeable:
-            # a segment's mapped arrays themselves (a merge or a filter makes new ones): its file must
-            # not be cut while they live (mapped_names)
-            self._keys_file = os.path.basename(kept["file"][0])
+            else:
+                keys, key_seqs = k.copy(), q.copy()
+        alive = np.frombuffer(self.etype, np.uint8)
+        if file is None and len(base_seqs):   # (read into memory: the dead ones need not stay)
+            live = alive[base_seqs] != 0
+            if not live.all():
+                base, base_seqs = base[live], base_seqs[live]
+        if len(key_seqs):
+            live = alive[key_seqs] != 0
+            if not live.all():
+                keys, key_seqs = keys[live], key_seqs[live]
         self.recent.clear()
+        self._set_base_keys(base, base_seqs, file)
         self._set_keys(keys, key_seqs)
 
     def _sid_number(self, sid: str) -> int:
@@ -1007,9 +1092,8 @@ class MessageTable:
     def mapped_names(self) -> frozenset[str]:
         """The names of the files this table maps, whose blocks must not be cut while it lives
         (Store.collect_segments: they are only unlinked)."""
-        keys = self._keys_file if not self.keys.flags.writeable else None
         pending = self._rebase.name if self._rebase is not None else None
-        return frozenset(name for name in (self._rows_file, keys, pending) if name is not None)
+        return frozenset(name for name in (self._rows_file, self._keys_file, pending) if name is not None)
 
     def column(self, name: str, seqs: np.ndarray) -> np.ndarray:
         """One field (a ROW_DTYPE name) of ``seqs``' rows, as a new array."""
@@ -1053,7 +1137,9 @@ class MessageTable:
 
     def memory_bytes(self) -> int:
         # (the mapped base and id keys are the page cache's, not counted)
-        keys = self.keys.nbytes + self.key_seqs.nbytes if self.keys.flags.writeable else 0
+        keys = self.keys.nbytes + self.key_seqs.nbytes
+        if self._keys_file is None:
+            keys += self.base_keys.nbytes + self.base_key_seqs.nbytes
         n = len(self.rows) + len(self.etype) + len(self.tcid_bytes) + keys
         return n + self.ext_files.memory_bytes() + sum(sys.getsizeof(d) for d in (
             self.recent, self.summary, self.relations, self.source_ids, self.odd_id, self.odd_seq))
@@ -1068,10 +1154,14 @@ class _Rebase:
     of seqs 0..end's rows in it (``at``: where that view begins in the mapping), its live seqs' range,
     its file's name and the next seq to check."""
 
-    __slots__ = ("mm", "view", "at", "first", "end", "name", "next")
+    __slots__ = ("mm", "view", "at", "first", "end", "name", "next", "keys", "key_seqs", "keys_next", "seen")
 
-    def __init__(self, mm: mmap.mmap, view: memoryview, at: int, first: int, end: int, name: str, nxt: int) -> None:
+    def __init__(self, mm: mmap.mmap, view: memoryview, at: int, first: int, end: int, name: str, nxt: int,
+                 keys: np.ndarray | None = None, key_seqs: np.ndarray | None = None) -> None:
         self.mm, self.view, self.at, self.first, self.end, self.name, self.next = mm, view, at, first, end, name, nxt
+        # its id keys and their seqs (mapped read-only), the next to check, and the seqs they named so far
+        self.keys, self.key_seqs, self.keys_next = keys, key_seqs, 0
+        self.seen = np.zeros(end if keys is not None else 0, np.uint8)
 
 
 class BySeq(Mapping):

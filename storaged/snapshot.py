@@ -23,7 +23,7 @@ import os
 import struct
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import msgpack
 import numpy as np
@@ -116,13 +116,23 @@ def rows_name() -> str:
     return new_segment_name(layout.ROWS_PREFIX)
 
 
-def rows_sections_at(io: FileIO, path: str, first: int, end: int) -> tuple[tuple[int, int, int], int, bool]:
-    """The file's identity (st_dev, st_ino, st_size), the file offset of the rows section of the current
-    version's row segment at ``path`` of the seqs ``first`` to ``end`` without a gap (its seqs section's
-    ends say so), and whether it is numbered as the table that wrote it (its head's first entry:
-    ``columns.OWN_NUMBERING``), found by skipping the rest of its head (not decoding it: a base's head
-    lists every session id). What the daemon that had the base written needs to map its rows
-    (MessageTable.rebase_open); SnapshotInvalid if the file cannot be that segment."""
+class RowsSections(NamedTuple):
+    """Where a base's rows and id keys lie in its file (rows_sections_at)."""
+    identity: tuple[int, int, int]   # the file's (st_dev, st_ino, st_size)
+    rows_at: int                     # file offsets of the rows, the keys and their seqs sections
+    own: bool                        # numbered as the table that wrote it (columns.OWN_NUMBERING)
+    keys_at: int
+    key_seqs_at: int
+    keys: int                        # how many keys
+
+
+def rows_sections_at(io: FileIO, path: str, first: int, end: int) -> RowsSections:
+    """Where the sections lie in the current version's row segment at ``path`` of the seqs ``first`` to
+    ``end`` without a gap (its seqs section's ends say so), and whether it is numbered as the table
+    that wrote it (its head's first entry: ``columns.OWN_NUMBERING``), found by skipping the rest of its
+    head but the sections' lengths (not decoding it: a base's head lists every session id). What the
+    daemon that had the base written needs to map its rows and id keys (MessageTable.rebase_open);
+    SnapshotInvalid if the file cannot be that segment."""
     from .columns import OWN_NUMBERING, ROW_DTYPE
     name = os.path.basename(path)
     buf = io.read_all(path)
@@ -136,12 +146,16 @@ def rows_sections_at(io: FileIO, path: str, first: int, end: int) -> tuple[tuple
         unpacker = msgpack.Unpacker(_Slices(body, 0), read_size=min(WRITE_AT, len(body) + 1),
                                     max_buffer_size=len(body) + 1)
         own = False
+        lengths: dict[str, Any] = {}
+        sized = {f"{section}_bytes" for section in _COLUMN_SECTIONS}
         try:
             entries = unpacker.read_map_header()
             for i in range(entries):
                 key = unpacker.unpack()
                 if i == 0 and key == OWN_NUMBERING:
                     own = unpacker.unpack() is True
+                elif key in sized:
+                    lengths[key] = unpacker.unpack()
                 else:
                     unpacker.skip()
         except Exception as exc:
@@ -158,7 +172,21 @@ def rows_sections_at(io: FileIO, path: str, first: int, end: int) -> tuple[tuple
                 int.from_bytes(body[seqs_at + 8 * (count - 1):seqs_at + 8 * count], "little"))
         if ends != (first, end - 1):   # (each row is then compared with the table's: MessageTable.rebase_step)
             raise SnapshotInvalid(f"row segment {name} does not hold seqs {first} to {end - 1}")
-        return (st.st_dev, st.st_ino, st.st_size), HEAD.size + at, own
+        rows_at = at
+        offsets = {}
+        for section in _COLUMN_SECTIONS[1:]:   # (after the seqs: the rows, then the rest)
+            n = lengths.get(f"{section}_bytes")
+            if not isinstance(n, int) or n < 0:
+                raise SnapshotInvalid(f"row segment {name} does not say how long its {section} are")
+            at += -(HEAD.size + at) % SECTION_ALIGN
+            offsets[section] = at
+            at += n
+        nkeys = lengths["keys_bytes"] // 8
+        if at > len(body) or offsets["rows"] != rows_at or lengths["rows_bytes"] != count * ROW_DTYPE.itemsize \
+                or lengths["keys_bytes"] != lengths["key_seqs_bytes"] or lengths["keys_bytes"] % 8:
+            raise SnapshotInvalid(f"row segment {name}'s sections do not hold together")
+        return RowsSections((st.st_dev, st.st_ino, st.st_size), HEAD.size + rows_at, own,
+                            HEAD.size + offsets["keys"], HEAD.size + offsets["key_seqs"], nkeys)
     finally:
         if body is not None:
             body.release()

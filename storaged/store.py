@@ -1364,13 +1364,13 @@ class Store:
         first, end = plan.rebase
         path = os.path.join(self.dir, plan.rows_name)
         try:
-            identity, rows_at, own = snapshot.rows_sections_at(self.io, path, first, end)
-            if not own:   # its tables held too much no row uses: written numbered as ever
+            where = snapshot.rows_sections_at(self.io, path, first, end)
+            if not where.own:   # its tables held too much no row uses: written numbered as ever
                 self.table.rebase_abandon()
                 LOG.info("the new base %s is numbered as its own: the rows stay in memory until a later base",
                          plan.rows_name)
                 return
-            self.table.rebase_open(path, identity, rows_at, first, end)
+            self.table.rebase_open(path, where, first, end)
         except (OSError, ValueError, snapshot.SnapshotInvalid) as exc:
             self.table.rebase_abandon()
             LOG.warning("the new base %s cannot take the place of the rows in memory (%s): they stay there "

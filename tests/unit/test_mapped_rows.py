@@ -50,7 +50,7 @@ def test_a_base_is_mapped_and_reads_as_a_replay(tmp_path):
     try:
         t = s.table
         assert t.nbase == len(t.etype) and t._base_map is not None and len(t.rows) == 0
-        assert not t.keys.flags.writeable and not t.key_seqs.flags.writeable   # the id keys mapped too
+        assert not t.base_keys.flags.writeable and not t.base_key_seqs.flags.writeable   # the id keys mapped too
         assert live_state(s) == _replayed(d, tmp_path)
         seqs = t.live_seqs()
         assert (t.column("ts", seqs) == np.array([t.timestamp(q) for q in seqs.tolist()])).all()
@@ -212,19 +212,21 @@ def test_a_delta_of_mapped_rows_alone_loads(tmp_path):
         s.close()
 
 
-def test_the_id_keys_file_is_kept_from_cuts_only_while_they_are_mapped(tmp_path, monkeypatch):
-    """A store that deleted a message has its base's rows copied but its id keys mapped; once new ids
-    are merged into new arrays nothing maps the file, and it may be released a cut at a time again."""
+def test_the_id_keys_file_is_kept_from_cuts_while_they_are_mapped_merges_included(tmp_path, monkeypatch):
+    """A store that deleted a message has its base's rows copied but its id keys mapped (the deleted
+    id's among them: a lookup skips it); new ids merge into a level of their own, never into those,
+    so the file stays mapped and kept from cuts."""
     from storaged import columns
 
     d, ids = _store(tmp_path, delete_one=True)
     s = Store.open(d)
     try:
         t = s.table
-        assert t.nbase == 0 and not t.keys.flags.writeable and t.mapped_names() == set(_digests(d))
+        assert t.nbase == 0 and not t.base_keys.flags.writeable and t.mapped_names() == set(_digests(d))
         monkeypatch.setattr(columns, "RECENT_MAX", 4)
-        for i in range(5):
-            write(s, "s-new", f"new id {i}")   # the fifth merges the keys into new arrays
-        assert t.keys.flags.writeable and t.mapped_names() == frozenset()
+        new = [write(s, "s-new", f"new id {i}")["message"]["message_id"] for i in range(5)]   # the fourth merges
+        assert not t.base_keys.flags.writeable and t.mapped_names() == set(_digests(d))
+        assert len(t.keys) == 4 and t.keys.flags.writeable
+        assert all(t.seq_of(mid) is not None for mid in new)
     finally:
         s.close()

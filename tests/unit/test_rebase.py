@@ -100,6 +100,10 @@ def test_a_background_base_takes_the_place_of_the_rows(tmp_path):
             s.rebase_step(257)
         assert t._rows_retired == []
         assert live_state(s) == _replayed(d, tmp_path, "after")
+        # the base's id keys, mapped, are the lookup's base level; the merged ones only those past it
+        assert t._keys_file == plan.rows_name and not t.base_keys.flags.writeable
+        assert len(t.base_keys) == N and (t.key_seqs >= end).all()
+        assert all(t.seq_of(mid) is not None for i, mid in enumerate(ids) if i != 7) and t.seq_of(ids[7]) is None
         write(s, "s-later", "after the rebase")
         update(s, ids[20], content="a mapped row changed")
         state = live_state(s)
@@ -122,7 +126,8 @@ def test_a_base_that_is_not_the_rows_is_given_up(tmp_path, caplog):
         plan = s.plan_snapshot()
         pos = _forked(s, plan, lambda: None)
         path = os.path.join(d, plan.rows_name)
-        _, rows_at, own = snapshot.rows_sections_at(s.io, path, *plan.rebase)
+        where = snapshot.rows_sections_at(s.io, path, *plan.rebase)
+        rows_at, own = where.rows_at, where.own
         assert own
         with pytest.raises(snapshot.SnapshotInvalid, match="does not hold seqs"):   # not the planned seqs
             snapshot.rows_sections_at(s.io, path, plan.rebase[0] + 1, plan.rebase[1] + 1)
@@ -323,9 +328,104 @@ def test_tables_mostly_unused_are_written_numbered_as_ever(tmp_path, monkeypatch
         s.table.sids.append("a-session-with-no-rows")
         plan = s.plan_snapshot()
         pos = _forked(s, plan, lambda: None)
-        _, _, own = snapshot.rows_sections_at(s.io, os.path.join(d, plan.rows_name), *plan.rebase)
+        own = snapshot.rows_sections_at(s.io, os.path.join(d, plan.rows_name), *plan.rebase).own
         assert not own
         s.install_snapshot(None, pos, plan, background=True)
         assert not s.table.rebasing and s.table.nbase == 0
+    finally:
+        s.close()
+
+
+def test_a_base_whose_id_keys_are_not_the_rows_is_given_up(tmp_path, caplog):
+    """The base's id keys are checked with its rows: a key changed in the file (sorted still, but not
+    the key of the row it names) gives the base up, and the table's own keys go on answering."""
+    d = str(tmp_path / "d")
+    s, ids = _filled(d)
+    try:
+        t = s.table
+        plan = s.plan_snapshot()
+        pos = _forked(s, plan, lambda: None)
+        path = os.path.join(d, plan.rows_name)
+        where = snapshot.rows_sections_at(s.io, path, *plan.rebase)
+        assert where.keys == N
+        with open(path, "r+b") as f:   # the last key one more: still sorted, no longer its row's
+            f.seek(where.keys_at + 8 * (N - 1))
+            last = int.from_bytes(f.read(8), "little")
+            f.seek(where.keys_at + 8 * (N - 1))
+            f.write((last + 1).to_bytes(8, "little"))
+        s.install_snapshot(None, pos, plan, background=True)
+        with caplog.at_level(logging.WARNING, logger="convmem.storaged"):
+            while s.rebase_step(500):
+                pass
+        assert "differ from the ids of the rows they name" in caplog.text
+        assert not t.rebasing and t.nbase == 0 and t._keys_file is None
+        assert all(t.seq_of(mid) is not None for mid in ids)
+        assert live_state(s) == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_a_base_with_more_or_fewer_id_keys_than_the_table_is_given_up(tmp_path, caplog):
+    d = str(tmp_path / "d")
+    s, ids = _filled(d)
+    try:
+        t = s.table
+        plan = s.plan_snapshot()
+        pos = _forked(s, plan, lambda: None)
+        t._rebase_keys += 1   # (as if a live id had no key in it)
+        with caplog.at_level(logging.WARNING, logger="convmem.storaged"):
+            s.install_snapshot(None, pos, plan, background=True)
+        assert f"holds {N} id keys where the table had {N + 1}" in caplog.text
+        assert not t.rebasing and t.nbase == 0
+        assert all(t.seq_of(mid) is not None for mid in ids)
+    finally:
+        s.close()
+
+
+def test_merges_after_a_rebase_leave_the_base_keys_mapped(tmp_path, monkeypatch):
+    """Ids put after the base merge into the in-memory level only: the base's keys stay mapped (a merge
+    into them made all of them the heap's)."""
+    from storaged import columns
+    monkeypatch.setattr(columns, "RECENT_MAX", 64)
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 600)
+    try:
+        t = s.table
+        plan = s.plan_snapshot()
+        _installed(s, plan)
+        while s.rebase_step(4096):
+            pass
+        base = t.base_keys
+        assert not base.flags.writeable
+        late = [write(s, "s-late", f"late {i}")["message"]["message_id"] for i in range(300)]
+        delete(s, ids[3])
+        delete(s, late[5])
+        assert t.base_keys is base and len(t.keys) >= 256
+        assert (t.key_seqs < plan.rebase[1]).sum() < 64   # (only ids still recent at the install)
+        assert t.seq_of(ids[3]) is None and t.seq_of(late[5]) is None
+        assert all(t.seq_of(mid) is not None for mid in ids[4:] + late[6:])
+        state = live_state(s)
+        assert state == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_a_start_keeps_the_base_id_keys_mapped_with_deleted_ids_in_them(tmp_path):
+    """A start maps the base's id keys as they are, those of ids deleted after it included: a lookup of
+    a deleted id finds nothing, and no copy of the keys is made to leave them out."""
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 12_000)   # (a row segment under 1 MB is read, not mapped)
+    try:
+        assert s.write_snapshot()   # (a base)
+        delete(s, ids[9])
+        write(s, "s-late", "after the base")
+        assert s.write_snapshot()   # (a delta after it)
+    finally:
+        s.close()
+    s = Store.open(d)
+    try:
+        t = s.table
+        assert t._keys_file is not None and not t.base_keys.flags.writeable and len(t.base_keys) == 12_000
+        assert t.seq_of(ids[9]) is None and all(t.seq_of(mid) is not None for mid in ids[10:])
     finally:
         s.close()
