@@ -111,13 +111,13 @@ RELEASE_IDLE_S = 30.0
 # 5M events the query mix left 2.7 GB of postings and rows resident through the mappings, counted as the
 # daemon's RSS. After a batch the loop looks (at most every MAPPED_CHECK_S) whether the process's
 # resident file pages pass MAPPED_RESIDENT_CAP, and once they do lets them go
-# (Store.release_pages_while) down to half of it, in turns of at most MAPPED_RELEASE_S that go on in
-# idle turns; past a turn's first window only while no request waits. Why not more: a query at 5M
-# events reads ~100 MB of postings, and letting them go and mapping them back costs ~0.1 µs a page
-# each way — turns that ran whatever waited kept the mix's RSS at 946 MiB but cost its p50 4-6 ms. So a
-# client that leaves gaps (an agent between calls) keeps the cap; a burst back to back is served
-# first and held back a window a batch (2.1 GB resident after the 5M mix instead of 2.9). A round that
-# left them over the cap (pages nobody may drop) waits MAPPED_BACKOFF_S. 0 (--mapped-resident-mib 0): no cap.
+# (Store.release_pages_while) down to half of it, a 1 MiB window at a time while no request waits, in
+# turns of at most MAPPED_RELEASE_S that go on in idle turns. Why only in the gaps: a query at 5M events
+# reads ~100 MB of postings, and letting them go and mapping them back costs ~0.1 µs a page each way —
+# turns that ran whatever waited kept the mix's RSS at 946 MiB but cost its p50 4-6 ms. So a client
+# that leaves gaps (an agent between calls) keeps the cap (the 5M mix paced at 50 ms: 974 MiB at most
+# instead of 3.3 GB), and a burst back to back is served first. A round that left them over the cap
+# (pages nobody may drop) waits MAPPED_BACKOFF_S. 0 (--mapped-resident-mib 0): no cap.
 MAPPED_RESIDENT_CAP = 256 << 20
 MAPPED_RESIDENT_MIN = 64 << 20   # the smallest cap taken: the code's own pages are ~25 MB of it
 MAPPED_CHECK_S = 0.02
@@ -487,12 +487,9 @@ class Server:
         if resident is None or (not self._mapped_over and resident <= self.mapped_resident_cap):
             return
         low = self.mapped_resident_cap // 2
-        asked = 0
 
-        def over_low() -> bool:   # (a window at least; then only while no request waits: in the gaps)
-            nonlocal asked
-            asked += 1
-            if asked > 1 and self._request_waiting():
+        def over_low() -> bool:   # (only while no request waits: in the gaps between them)
+            if self._request_waiting():
                 return False
             r = file_resident_bytes()
             return r is not None and r > low

@@ -268,9 +268,9 @@ def _read_everything(store: Store, d: str) -> int:
 
 @needs_pagemap
 def test_release_pages_while_steps_on_from_where_it_stopped_until_told_enough(tmp_path, monkeypatch):
-    """Store.release_pages_while: one window a step; stopped by the deadline it goes on at the next call
-    from where it stopped (a request does not restart it); stopped by ``more()`` at once; a whole round
-    lets every page go and says there is nothing more."""
+    """Store.release_pages_while: one window (CAP_WINDOW_PAGES) a step; stopped by the deadline it goes on
+    at the next call from where it stopped (a request does not restart it); stopped by ``more()`` at
+    once; a whole round lets every page go and says there is nothing more."""
     import time
 
     from storaged import store as store_module
@@ -278,12 +278,10 @@ def test_release_pages_while_steps_on_from_where_it_stopped_until_told_enough(tm
     _big_store(d)
     store = Store.open(d)
     try:
-        monkeypatch.setattr(store_module, "DROP_WINDOW_PAGES", 64)
-        units = len(store._release_units())
-        assert units > 4
+        monkeypatch.setattr(store_module, "CAP_WINDOW_PAGES", 64)
         _read_everything(store, d)
         assert store.release_pages_while(lambda: True, time.monotonic() - 1)   # the deadline: one step
-        assert store._cap_next == 1
+        assert store._cap_at == (0, 64)
         store.release_pages_restart()   # (what a request does to the resting round: not this one)
         asked = []
 
@@ -292,9 +290,19 @@ def test_release_pages_while_steps_on_from_where_it_stopped_until_told_enough(tm
             return len(asked) <= 3
 
         assert store.release_pages_while(three_more, time.monotonic() + 60)
-        assert store._cap_next == 4 and len(asked) == 4
+        assert len(asked) == 4
+        from storaged.fileio import page_count
+        pages = [n for _, n in store._index.segment_releasers()] + [page_count(mm) for mm, _ in store.table.mappings()]
+        pages = [n for n in pages if n]
+        i, page = 0, 64
+        for _ in range(3):   # three windows on from the first
+            page += 64
+            if page >= pages[i]:
+                i, page = (i + 1) % len(pages), 0
+        at = store._cap_at
+        assert at == (i, page)
         assert not store.release_pages_while(lambda: True, time.monotonic() + 60)   # a whole round
-        assert store._cap_next == 4   # (round from where it stood, back to it)
+        assert store._cap_at == at   # (round from where it stood, back to it)
         assert sum(_store_files_kib(d).values()) <= 64
     finally:
         store.close()
