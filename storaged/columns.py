@@ -47,7 +47,7 @@ from protocol.history import EVENT_TYPES
 from protocol.validation import ULID_RE
 
 from .extfiles import ExtFiles, checked_sections, raw_entries
-from .model import Message, ext_key, shared_ext_from, shared_tags
+from .model import Message, ext_key, shared_ext_from, shared_tags, str_bytes
 from .fileio import drop_pages, map_private
 from .records import EXT, UPDATE, WRITE
 from .text import (TEXT_LEN_BITS, TEXT_OFF_BITS, LogText, TextDamaged, location_from_parts,
@@ -190,6 +190,7 @@ _ROW = struct.Struct("<" + "".join(
     f"{t.itemsize}s" if t.kind == "S" else _STRUCT_CODE[f"{t.kind}{t.itemsize}"]
     for t in (ROW_DTYPE.fields[name][0] for name in ROW_DTYPE.names)))
 _ROW_SIZE = _ROW.size
+_TCID_AT = ROW_DTYPE.fields["tcid"][1]   # where a row holds its tool_call_id (start << 24 | length)
 assert ROW_DTYPE.itemsize == _ROW_SIZE
 # rows gathered and scattered as opaque records: ~15x faster in numpy than through the structured dtype
 _RECORD = np.dtype((np.void, _ROW_SIZE))
@@ -217,7 +218,7 @@ class MessageTable:
     __slots__ = ("rows", "base", "nbase", "_base_map", "_rows_file", "_keys_file", "etype", "etype_epoch", "tcid_bytes", "summary",
                  "relations", "source_ids", "ext_files", "wide", "odd_id", "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
                  "keys", "key_seqs", "_keys_view", "_seqs_view", "base_keys", "base_key_seqs", "_bkeys_view",
-                 "_bseqs_view", "recent", "by_seq", "by_id", "_rebase_end", "_rebase_keys",
+                 "_bseqs_view", "recent", "by_seq", "by_id", "_rebase_end", "_rebase_keys", "held_bytes",
                  "_rebase_dirty", "_rebase", "_rows_retired")
 
     # id (16 bytes: the ULID's number; zeros for an odd id), session number (from 1), timestamp,
@@ -256,6 +257,8 @@ class MessageTable:
         self.sources: dict[int, LogText] = {}
         self.generation = 0
         self.count = 0
+        # what the live messages hold beside their packed rows (``_held``): health's metadata_bytes
+        self.held_bytes = 0
         # id -> seq, in three levels a lookup tries in turn: the ids put since the last merge (``recent``);
         # the sorted keys and seqs merged from them (``keys``, ``key_seqs``: in memory); and the sorted
         # keys and seqs of the base (``base_keys``, ``base_key_seqs``: read-only, mapped from the base's
@@ -389,6 +392,7 @@ class MessageTable:
             self.relations[seq] = relations
         if source_ids:
             self.source_ids[seq] = source_ids
+        self.held_bytes += self._held(seq)
         if len(self.recent) >= RECENT_MAX:
             self.merge_keys()
 
@@ -402,8 +406,42 @@ class MessageTable:
                   tuple(source_ids) if source_ids else (), etype, intern(tool) if tool is not None else None,
                   shared_ext_from(ext) if ext is not None else None, rec_size, src)
 
+    def _held(self, seq: int) -> int:
+        """The bytes the live message at ``seq`` holds beside its packed row: its tool_call_id, summary,
+        relations, source ids and files (tags, tool and a shared ext are numbers in the row). The same
+        whether the row was put or loaded from a segment, so what a put adds its removal takes away
+        and a start counts what a replay does."""
+        buf, off = self._at(seq)
+        tcid = int.from_bytes(buf[off + _TCID_AT:off + _TCID_AT + 8], "little")
+        return (0 if tcid == _NO_STR else tcid & _STR_LEN_MASK) + self._sparse_held(seq)
+
+    def _sparse_held(self, seq: int) -> int:
+        """``_held`` but the tool_call_id: what the sparse fields hold for ``seq``."""
+        n = self.ext_files.entry_bytes(seq)
+        summary = self.summary.get(seq)
+        if summary is not None:
+            n += str_bytes(summary)
+        relations = self.relations.get(seq)
+        if relations:
+            n += sys.getsizeof(relations) + sum(sys.getsizeof(r) + sys.getsizeof(r[1]) for r in relations)
+        source_ids = self.source_ids.get(seq)
+        if source_ids:
+            n += sys.getsizeof(source_ids) + sum(sys.getsizeof(x) for x in source_ids)
+        return n
+
+    def _held_all(self) -> int:
+        """``_held`` summed over every live message at once (after a bulk load)."""
+        seqs = self.live_seqs()
+        if not len(seqs):
+            return 0
+        tcid = self._gather(seqs, "tcid")
+        n = int((tcid[tcid != np.uint64(_NO_STR)] & np.uint64(_STR_LEN_MASK)).sum(dtype=np.uint64))
+        sparse = set(self.summary) | set(self.relations) | set(self.source_ids) | set(self.ext_files)
+        return n + sum(self._sparse_held(seq) for seq in sparse)
+
     def _forget(self, seq: int) -> None:
         """Drop what a row holds outside its packed bytes."""
+        self.held_bytes -= self._held(seq)
         mid = self.odd_id.pop(seq, None)
         if mid is not None:
             if self.odd_seq.get(mid) == seq:
@@ -977,6 +1015,7 @@ class MessageTable:
         self.ext_files.load_packed([(seqs, ends, owner[seqs] == i, segments[i][0]["ext_values"])
                                     for i, seqs, ends in packed_exts])
         self._merge_segment_keys(segments)
+        self.held_bytes = self._held_all()
 
     def _map_base(self, where: tuple[str, tuple, dict[str, int]] | None, first: int, end: int) -> bool:
         """Map the rows of seqs ``first`` to ``end`` (a base's, gapless, in the file ``where`` says) as

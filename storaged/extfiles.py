@@ -225,6 +225,14 @@ class ExtFiles(MutableMapping):
         order = np.argsort(all_seqs, kind="stable")
         return packed_sections(all_seqs[order], [values[i] for i in order.tolist()])
 
+    def entry_bytes(self, seq: int) -> int:
+        """The packed size of ``seq``'s entry (0: none) — the same whether it is fresh or was loaded packed."""
+        ext = self.fresh.get(seq)
+        if ext is not None:
+            return len(pack_entry(ext))
+        i = self._find(seq) if self._count else -1
+        return int(self._ends[i] - self._starts[i]) if i >= 0 else 0
+
     def memory_bytes(self) -> int:
         return (sys.getsizeof(self.fresh) + len(self._blob) + self._seqs.nbytes + self._starts.nbytes
                 + self._ends.nbytes + self._alive.nbytes)

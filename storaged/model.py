@@ -179,19 +179,6 @@ class Message:
         """Memory of the text: none once it is stored (it is read from the log)."""
         return str_bytes(self.text) if self.text.__class__ is str else 0
 
-    def metadata_bytes(self) -> int:
-        n = sys.getsizeof(self.tags) + sum(str_bytes(t) for t in self.tags)
-        if self.ext is not None:
-            n += sys.getsizeof(self.ext) + sys.getsizeof(self.ext[3])
-            n += sum(sys.getsizeof(f) + sum(str_bytes(x) for x in f if x is not None) for f in self.ext[3])
-        n += sys.getsizeof(self.relations) + sum(sys.getsizeof(r) + sys.getsizeof(r[1]) for r in self.relations)
-        n += sys.getsizeof(self.source_ids) + sum(sys.getsizeof(s) for s in self.source_ids)
-        if self.summary is not None:
-            n += str_bytes(self.summary)
-        if self.tool_call_id is not None:
-            n += str_bytes(self.tool_call_id)
-        return n
-
     def entry_bytes(self) -> int:
         return sys.getsizeof(self) + sys.getsizeof(self.message_id)
 

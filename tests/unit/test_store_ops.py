@@ -274,8 +274,9 @@ def test_health_figures_are_real(store):
     assert mem0["total_bytes"] == sum(v for k, v in mem0.items() if k != "total_bytes")
 
     io0 = dict(h["io"])
-    ids = [write(store, f"s{i % 3}", "alpha beta gamma " * 20 + str(i), tags=["t"])["message"]["message_id"]
-           for i in range(12)]
+    # (a summary is held beside the row; tags are a number in it: metadata_bytes counts the summaries)
+    ids = [write(store, f"s{i % 3}", "alpha beta gamma " * 20 + str(i), tags=["t"], summary=f"summary {i}")
+           ["message"]["message_id"] for i in range(12)]
     h = store.health()
     assert h["log_size"] == file_size(store)
     assert (h["active_messages"], h["session_count"], h["last_sequence"]) == (12, 3, 12)
@@ -471,4 +472,44 @@ def test_memory_accounting_returns_to_baseline(tmp_path):
     assert mem["body_bytes"] == base["body_bytes"] == 0
     assert mem["metadata_bytes"] == base["metadata_bytes"] == 0
     assert all(v >= 0 for v in mem.values())
+    store.close()
+
+
+def test_metadata_bytes_count_what_the_table_holds_the_same_after_a_load_or_a_replay(tmp_path):
+    """health's metadata_bytes is what the live messages hold beside their packed rows (tool_call_ids,
+    summaries, relations, source ids, files): the same from a snapshot's load as from a replay of the
+    log, and nothing once every message is gone. (A release before counted Python objects per message
+    that the packed rows no longer hold: 2 GB at five million events.)"""
+    from protocol import wire
+    from tests.support.replayed import replay_copy
+
+    d = str(tmp_path / "d")
+    store = Store.open(d)
+    base = store.health()["memory_estimate"]["metadata_bytes"]
+    assert base == 0
+    first = write(store, "s", "a", tool_call_id="call-1", summary="要約 é")["message"]["message_id"]
+    ids = [first, write(store, "s", "b", relations=[{"type": "depends_on", "message_id": first}],
+                        source_message_ids=[first])["message"]["message_id"]]
+    events = [{"message_id": str(ULID.from_bytes(((1_767_225_600_000 + k << 80) | k).to_bytes(16, "big"))),
+               "session_id": "codex:s1", "timestamp": 1_767_225_600_000 + k, "role": "assistant",
+               "content": f"edit {k}", "event": {"type": "tool_call", "tool_name": "shell", "files": [
+                   {"path": f"/r/f{k}.py", "root": "/r", "tail": f"f{k}.py", "project": "/r/.git", "op": "edit"}]}}
+              for k in range(3)]
+    assert store.import_messages(wire.validate_args("import_messages", {"messages": events}), rid())["imported"] == 3
+    ids += [e["message_id"] for e in events]
+    held = store.health()["memory_estimate"]["metadata_bytes"]
+    assert held >= len("call-1") + 3 * len("/r/f0.py")
+    assert store.write_snapshot()
+    store = reopen(store)   # the snapshot's segments, loaded at once
+    assert store.health()["memory_estimate"]["metadata_bytes"] == held
+    replayed = Store.open(replay_copy(d, str(tmp_path / "replayed")))   # the log, message by message
+    try:
+        assert replayed.health()["memory_estimate"]["metadata_bytes"] == held
+    finally:
+        replayed.close()
+    update(store, ids[0], summary="another summary")
+    assert store.health()["memory_estimate"]["metadata_bytes"] != held
+    for mid in ids:
+        delete(store, mid)
+    assert store.health()["memory_estimate"]["metadata_bytes"] == 0
     store.close()
