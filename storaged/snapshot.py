@@ -116,6 +116,23 @@ def rows_name() -> str:
     return new_segment_name(layout.ROWS_PREFIX)
 
 
+def _section_offsets(at: int, lengths: dict[str, Any], names: Iterable[str], aligned: bool) -> tuple[dict[str, int], int]:
+    """Where a row segment's raw sections ``names`` begin in its body, the head ending at ``at`` (body
+    offsets; ``lengths``: the head's ``<name>_bytes``), and where the last ends: each after the one
+    before, from version 4 on (``aligned``) at a file offset that is a multiple of SECTION_ALIGN.
+    KeyError / TypeError if the head does not say how long one is."""
+    offsets = {}
+    for name in names:
+        n = lengths[f"{name}_bytes"]
+        if not isinstance(n, int) or n < 0:
+            raise TypeError(f"{name}_bytes is {n!r}")
+        if aligned:
+            at += -(HEAD.size + at) % SECTION_ALIGN
+        offsets[name] = at
+        at += n
+    return offsets, at
+
+
 class RowsSections(NamedTuple):
     """Where a base's rows and id keys lie in its file (rows_sections_at)."""
     identity: tuple[int, int, int]   # the file's (st_dev, st_ino, st_size)
@@ -162,29 +179,19 @@ def rows_sections_at(io: FileIO, path: str, first: int, end: int) -> RowsSection
             raise SnapshotInvalid(f"row segment {name} has a bad head: {type(exc).__name__}") from None
         at = unpacker.tell()
         del unpacker
-        at += -(HEAD.size + at) % SECTION_ALIGN
-        seqs_at = at
-        at += 8 * count
-        at += -(HEAD.size + at) % SECTION_ALIGN
-        if at + count * ROW_DTYPE.itemsize > len(body):
-            raise SnapshotInvalid(f"row segment {name} is shorter than {count} rows")
+        try:
+            offsets, end_at = _section_offsets(at, lengths, _COLUMN_SECTIONS, aligned=True)
+        except (KeyError, TypeError):
+            raise SnapshotInvalid(f"row segment {name} does not say how long its sections are") from None
+        seqs_at, rows_at = offsets["seqs"], offsets["rows"]
+        if end_at > len(body) or lengths["seqs_bytes"] != 8 * count or lengths["rows_bytes"] != count * ROW_DTYPE.itemsize \
+                or lengths["keys_bytes"] != lengths["key_seqs_bytes"] or lengths["keys_bytes"] % 8:
+            raise SnapshotInvalid(f"row segment {name}'s sections are not those of {count} rows")
         ends = (int.from_bytes(body[seqs_at:seqs_at + 8], "little"),
                 int.from_bytes(body[seqs_at + 8 * (count - 1):seqs_at + 8 * count], "little"))
         if ends != (first, end - 1):   # (each row is then compared with the table's: MessageTable.rebase_step)
             raise SnapshotInvalid(f"row segment {name} does not hold seqs {first} to {end - 1}")
-        rows_at = at
-        offsets = {}
-        for section in _COLUMN_SECTIONS[1:]:   # (after the seqs: the rows, then the rest)
-            n = lengths.get(f"{section}_bytes")
-            if not isinstance(n, int) or n < 0:
-                raise SnapshotInvalid(f"row segment {name} does not say how long its {section} are")
-            at += -(HEAD.size + at) % SECTION_ALIGN
-            offsets[section] = at
-            at += n
         nkeys = lengths["keys_bytes"] // 8
-        if at > len(body) or offsets["rows"] != rows_at or lengths["rows_bytes"] != count * ROW_DTYPE.itemsize \
-                or lengths["keys_bytes"] != lengths["key_seqs_bytes"] or lengths["keys_bytes"] % 8:
-            raise SnapshotInvalid(f"row segment {name}'s sections do not hold together")
         return RowsSections((st.st_dev, st.st_ino, st.st_size), HEAD.size + rows_at, own,
                             HEAD.size + offsets["keys"], HEAD.size + offsets["key_seqs"], nkeys)
     finally:
@@ -502,14 +509,13 @@ class _RowSegment:
                 # self's at once, so that close releases whatever views of the mapping were made
                 self.columns = dict(head)
                 self.columns["version"] = self._file.version   # the row's layout (columns.segment_rows)
-                offsets, aligned = {}, self._file.version >= ROWS_VERSION
-                for name in _COLUMN_SECTIONS if aligned else _SECTIONS_V3:
-                    n = head[f"{name}_bytes"]
-                    if aligned:
-                        at += -(HEAD.size + at) % SECTION_ALIGN
-                    self.columns[name] = self._file.view(at, n)
-                    offsets[name] = HEAD.size + at
-                    at += n
+                aligned = self._file.version >= ROWS_VERSION
+                names = _COLUMN_SECTIONS if aligned else _SECTIONS_V3
+                starts, at = _section_offsets(at, head, names, aligned)
+                offsets = {}
+                for name in names:
+                    self.columns[name] = self._file.view(starts[name], head[f"{name}_bytes"])
+                    offsets[name] = HEAD.size + starts[name]
                 if self._file.version >= ROWS_VERSION_3:
                     # which file this is and where its sections lie: the table may map some (columns.py)
                     st = os.stat(path)
