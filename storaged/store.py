@@ -289,17 +289,19 @@ class Store:
         a few rows and the parts of the lists it searches. Bytes advised."""
         return self.table.release_pages() + self._index.release_pages()   # (not .search: it indexes the queue)
 
+    def _release_spans(self) -> list[tuple[Callable[[int, int], int], int]]:
+        """The mappings ``release_pages`` lets go (the segments' and the table's), each as (what lets its
+        pages ``first`` to ``first + count`` go, its page count), those with any pages. Looked up afresh
+        at each call (a merge may have replaced a segment)."""
+        spans = list(self._index.segment_releasers())
+        spans += [(functools.partial(drop_pages, mm, private), page_count(mm)) for mm, private in self.table.mappings()]
+        return [(release, pages) for release, pages in spans if pages]
+
     def _release_units(self) -> list[Callable[[], int]]:
-        """What ``release_pages`` does, in steps of at most DROP_WINDOW_PAGES pages of one mapping (the
-        segments' and the table's): each a few ms at most at 5M events, where a whole segment of a GB
-        of resident pages took tens. Looked up afresh at each call (a merge may have replaced a segment)."""
-        units: list[Callable[[], int]] = []
-        for release, pages in self._index.segment_releasers():
-            units += [functools.partial(release, at, DROP_WINDOW_PAGES) for at in range(0, pages, DROP_WINDOW_PAGES)]
-        for mm, private in self.table.mappings():
-            units += [functools.partial(drop_pages, mm, private, at, DROP_WINDOW_PAGES)
-                      for at in range(0, page_count(mm), DROP_WINDOW_PAGES)]
-        return units
+        """What ``release_pages`` does, in steps of at most DROP_WINDOW_PAGES pages of one mapping: each a
+        few ms at most at 5M events, where a whole segment of a GB of resident pages took tens."""
+        return [functools.partial(release, at, DROP_WINDOW_PAGES)
+                for release, pages in self._release_spans() for at in range(0, pages, DROP_WINDOW_PAGES)]
 
     def release_pages_step(self) -> bool:
         """One step of ``release_pages`` while the daemon rests (``_release_units``). Why: a query mix
@@ -322,9 +324,7 @@ class Store:
         when every page of it is resident) that a request arriving meanwhile hardly waits. True if
         the deadline or ``more()`` stopped it; False once it has done a whole round (nothing more to
         let go now)."""
-        spans: list[tuple[Callable[[int, int], int], int]] = list(self._index.segment_releasers())
-        spans += [(functools.partial(drop_pages, mm, private), page_count(mm)) for mm, private in self.table.mappings()]
-        spans = [(release, pages) for release, pages in spans if pages]
+        spans = self._release_spans()
         if not spans:
             return False
         i, at = self._cap_at
