@@ -190,7 +190,6 @@ _ROW = struct.Struct("<" + "".join(
     f"{t.itemsize}s" if t.kind == "S" else _STRUCT_CODE[f"{t.kind}{t.itemsize}"]
     for t in (ROW_DTYPE.fields[name][0] for name in ROW_DTYPE.names)))
 _ROW_SIZE = _ROW.size
-_TCID_AT = ROW_DTYPE.fields["tcid"][1]   # where a row holds its tool_call_id (start << 24 | length)
 assert ROW_DTYPE.itemsize == _ROW_SIZE
 # rows gathered and scattered as opaque records: ~15x faster in numpy than through the structured dtype
 _RECORD = np.dtype((np.void, _ROW_SIZE))
@@ -411,13 +410,14 @@ class MessageTable:
         relations, source ids and files (tags, tool and a shared ext are numbers in the row). The same
         whether the row was put or loaded from a segment, so what a put adds its removal takes away
         and a start counts what a replay does."""
-        buf, off = self._at(seq)
-        tcid = int.from_bytes(buf[off + _TCID_AT:off + _TCID_AT + 8], "little")
-        return (0 if tcid == _NO_STR else tcid & _STR_LEN_MASK) + self._sparse_held(seq)
+        row = self.row(seq)
+        tcid, files = row[9], row[12] == _EXT_SPARSE
+        return (0 if tcid == _NO_STR else tcid & _STR_LEN_MASK) + self._sparse_held(seq, files)
 
-    def _sparse_held(self, seq: int) -> int:
-        """``_held`` but the tool_call_id: what the sparse fields hold for ``seq``."""
-        n = self.ext_files.entry_bytes(seq)
+    def _sparse_held(self, seq: int, files: bool) -> int:
+        """``_held`` but the tool_call_id: what the sparse fields hold for ``seq`` (``files``: it has an
+        entry in ``ext_files``, which is only looked up then — a put is a hot path)."""
+        n = self.ext_files.entry_bytes(seq) if files else 0
         summary = self.summary.get(seq)
         if summary is not None:
             n += str_bytes(summary)
@@ -436,8 +436,9 @@ class MessageTable:
             return 0
         tcid = self._gather(seqs, "tcid")
         n = int((tcid[tcid != np.uint64(_NO_STR)] & np.uint64(_STR_LEN_MASK)).sum(dtype=np.uint64))
-        sparse = set(self.summary) | set(self.relations) | set(self.source_ids) | set(self.ext_files)
-        return n + sum(self._sparse_held(seq) for seq in sparse)
+        with_files = set(self.ext_files)
+        sparse = set(self.summary) | set(self.relations) | set(self.source_ids) | with_files
+        return n + sum(self._sparse_held(seq, seq in with_files) for seq in sparse)
 
     def _forget(self, seq: int) -> None:
         """Drop what a row holds outside its packed bytes."""
@@ -866,7 +867,7 @@ class MessageTable:
             raise RebaseMismatch(f"the id keys of the base {name} {why}")
         rb.keys_next = hi
         for arr in (rb.keys, rb.key_seqs):   # (the page cache keeps what was just read)
-            drop_pages(arr.base.obj if isinstance(arr.base, memoryview) else arr.base, False)
+            drop_pages(_mapping_of(arr), False)
 
     def _rebase_install(self, rb: "_Rebase") -> None:
         """The checked base in place of the rows below its end: the rows written since their check first
@@ -1042,10 +1043,7 @@ class MessageTable:
         """The table's file mappings and whether each is private (copy-on-write: the rows', which keeps
         the rows written since the snapshot) or a read-only one (a base's id keys, ``_mapped``)."""
         out = [(self._base_map, True)] if self._base_map is not None else []
-        for arr in (self.base_keys, self.base_key_seqs):
-            under = arr.base.obj if isinstance(arr.base, memoryview) else arr.base
-            if isinstance(under, mmap.mmap):
-                out.append((under, False))
+        out += [(mm, False) for mm in map(_mapping_of, (self.base_keys, self.base_key_seqs)) if mm is not None]
         return out
 
     def release_pages(self) -> int:
@@ -1273,6 +1271,12 @@ _TAIL_DTYPE = np.dtype({"names": ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]
                         "offsets": [ROW_DTYPE.fields[n][1] - _TAIL_AT
                                     for n in ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]],
                         "itemsize": _ROW_SIZE - _TAIL_AT})
+
+
+def _mapping_of(arr: np.ndarray) -> mmap.mmap | None:
+    """The file mapping ``arr`` is a view of (np.frombuffer over it, or over a memoryview of it), or None."""
+    under = arr.base.obj if isinstance(arr.base, memoryview) else arr.base
+    return under if isinstance(under, mmap.mmap) else None
 
 
 def _mapped(cols: dict[str, Any], name: str, dtype: type) -> np.ndarray:
