@@ -118,7 +118,25 @@ def test_a_background_base_takes_the_place_of_the_rows(tmp_path):
         s.close()
 
 
-def test_a_base_that_is_not_the_rows_is_given_up(tmp_path, caplog):
+def _damage_a_row(f, where, first: int) -> None:
+    """A row the table never wrote since differs in the file."""
+    f.seek(where.rows_at + (2000 - first) * ROW_DTYPE.itemsize + ROW_DTYPE.fields["ts"][1])
+    f.write(b"\xff")
+
+
+def _damage_a_key(f, where, first: int) -> None:
+    """The last id key one more: still sorted, no longer the key of the row it names."""
+    f.seek(where.keys_at + 8 * (where.keys - 1))
+    last = int.from_bytes(f.read(8), "little")
+    f.seek(where.keys_at + 8 * (where.keys - 1))
+    f.write((last + 1).to_bytes(8, "little"))
+
+
+@pytest.mark.parametrize("damage, said", [(_damage_a_row, "row 2000 of the base"),
+                                          (_damage_a_key, "differ from the ids of the rows they name")])
+def test_a_base_that_is_not_the_rows_is_given_up(tmp_path, caplog, damage, said):
+    """The base is checked against the table a step at a time, its rows and its id keys: one that
+    differs gives the base up, and the rows and keys in memory go on answering."""
     d = str(tmp_path / "d")
     s, ids = _filled(d)
     try:
@@ -127,20 +145,19 @@ def test_a_base_that_is_not_the_rows_is_given_up(tmp_path, caplog):
         pos = _forked(s, plan, lambda: None)
         path = os.path.join(d, plan.rows_name)
         where = snapshot.rows_sections_at(s.io, path, *plan.rebase)
-        rows_at, own = where.rows_at, where.own
-        assert own
+        assert where.own and where.keys == N
         with pytest.raises(snapshot.SnapshotInvalid, match="does not hold seqs"):   # not the planned seqs
             snapshot.rows_sections_at(s.io, path, plan.rebase[0] + 1, plan.rebase[1] + 1)
-        with open(path, "r+b") as f:   # a row the table never wrote since differs in the file
-            f.seek(rows_at + (2000 - plan.rebase[0]) * ROW_DTYPE.itemsize + ROW_DTYPE.fields["ts"][1])
-            f.write(b"\xff")
+        with open(path, "r+b") as f:
+            damage(f, where, plan.rebase[0])
         s.install_snapshot(None, pos, plan, background=True)
         assert t.rebasing
         with caplog.at_level(logging.WARNING, logger="convmem.storaged"):
             while s.rebase_step(500):
                 pass
-        assert "row 2000 of the base" in caplog.text
+        assert said in caplog.text
         assert not t.rebasing and t.nbase == 0 and t._base_map is None and len(t.rows) >= N * ROW_DTYPE.itemsize
+        assert t._keys_file is None and all(t.seq_of(mid) is not None for mid in ids)
         assert live_state(s) == _replayed(d, tmp_path)
     finally:
         s.close()
@@ -332,35 +349,6 @@ def test_tables_mostly_unused_are_written_numbered_as_ever(tmp_path, monkeypatch
         assert not own
         s.install_snapshot(None, pos, plan, background=True)
         assert not s.table.rebasing and s.table.nbase == 0
-    finally:
-        s.close()
-
-
-def test_a_base_whose_id_keys_are_not_the_rows_is_given_up(tmp_path, caplog):
-    """The base's id keys are checked with its rows: a key changed in the file (sorted still, but not
-    the key of the row it names) gives the base up, and the table's own keys go on answering."""
-    d = str(tmp_path / "d")
-    s, ids = _filled(d)
-    try:
-        t = s.table
-        plan = s.plan_snapshot()
-        pos = _forked(s, plan, lambda: None)
-        path = os.path.join(d, plan.rows_name)
-        where = snapshot.rows_sections_at(s.io, path, *plan.rebase)
-        assert where.keys == N
-        with open(path, "r+b") as f:   # the last key one more: still sorted, no longer its row's
-            f.seek(where.keys_at + 8 * (N - 1))
-            last = int.from_bytes(f.read(8), "little")
-            f.seek(where.keys_at + 8 * (N - 1))
-            f.write((last + 1).to_bytes(8, "little"))
-        s.install_snapshot(None, pos, plan, background=True)
-        with caplog.at_level(logging.WARNING, logger="convmem.storaged"):
-            while s.rebase_step(500):
-                pass
-        assert "differ from the ids of the rows they name" in caplog.text
-        assert not t.rebasing and t.nbase == 0 and t._keys_file is None
-        assert all(t.seq_of(mid) is not None for mid in ids)
-        assert live_state(s) == _replayed(d, tmp_path)
     finally:
         s.close()
 
