@@ -48,3 +48,17 @@ def test_the_term_cache_is_bounded_and_right_after_it_is_emptied(monkeypatch):
         assert len(T._TERMS) <= 50
     assert T.index_terms("The running houses") == ["run", "hous"]
     T._TERMS.clear()
+
+
+def test_thousands_separators_go_as_their_definition_says():
+    """The comma-first pattern drops exactly the commas the plain definition names: a comma after a
+    digit and before exactly three digits ("1,000,000" → "1000000"; "1,0000" and "a,000" keep theirs)."""
+    import re
+
+    definition = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+    rng = random.Random(4)
+    texts = ["1,000", "1,000,000", "1,0000", "a,000", ",000", "12,345.6", "1,00", "9,999x"]
+    texts += ["".join(rng.choice("0123456789,a ") for _ in range(rng.randint(0, 16))) for _ in range(50_000)]
+    for text in texts:
+        assert T._THOUSANDS_RE.sub("", text) == definition.sub("", text), text
+    assert T.index_terms("1,000,000 users") == ["1000000", "user"]
