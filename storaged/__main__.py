@@ -25,7 +25,8 @@ from protocol.config import (DAEMON_EXIT_CANNOT_START, DAEMON_EXIT_LOCKED, DAEMO
 from . import datadir, identity
 from .fileio import set_drop_pages
 from .salvage import salvage
-from .server import MAPPED_RESIDENT_MIN, Server, install_signal_handlers
+from .server import (MAPPED_RESIDENT_CAP, MAPPED_RESIDENT_MIN, RELEASE_IDLE_S, SNAPSHOT_EVERY_RECORDS, Server,
+                     install_signal_handlers)
 from .store import Store
 
 LOG = logging.getLogger("convmem.storaged")
@@ -49,20 +50,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="tcp://: accept any client that knows the server key (no allow-list)")
     p.add_argument("--salvage", action="store_true", help="repair a log damaged before its end, then exit")
     p.add_argument("--snapshot-every", type=int, default=None, metavar="RECORDS",
-                   help="take a background snapshot after this many log records (default 50000; 0: only at "
-                        "clean stops and rebuilds)")
+                   help=f"take a background snapshot after this many log records (default {SNAPSHOT_EVERY_RECORDS}; "
+                        "0: only at clean stops and rebuilds)")
     p.add_argument("--release-idle-s", type=float, default=None, metavar="SECONDS",
                    help="after this many seconds with no request, let go of the resident pages of the store's "
-                        "mapped files (the page cache keeps them; default 30; 0: never, not even those a start or "
+                        "mapped files (the page cache keeps them; "
+                        f"default {RELEASE_IDLE_S:g}; 0: never, not even those a start or "
                         "a rebuild read)")
     p.add_argument("--mapped-resident-mib", type=int, default=None, metavar="MIB",
                    help="while requests come, keep the resident pages of the store's mapped files under this many "
-                        "MiB, letting them go down to half of it once over (default 256; at least 64; 0: no cap)")
+                        "MiB, letting them go down to half of it once over "
+                        f"(default {MAPPED_RESIDENT_CAP >> 20}; at least {MAPPED_RESIDENT_MIN >> 20}; 0: no cap)")
     p.add_argument("--log-level", default=os.environ.get("CONVMEM_LOG_LEVEL", "INFO"))
     p.add_argument("--log-file", metavar="PATH",
                    help="once the store is open, append the log to PATH instead of stderr (what a front-end that "
                         "starts the daemon uses: a start-up failure still goes to stderr, where it reads it)")
     return p.parse_args(argv)
+
+
+def apply_tuning(server: Server, args: argparse.Namespace) -> None:
+    """The options that tune the loop, clamped here, not refused: a negative period or cap means
+    "off", as 0 does, and a cap under the least the daemon can keep (its own code's pages) is raised to
+    it rather than letting the cap fire after every request."""
+    if args.snapshot_every is not None:
+        server.snapshot_every_records = max(0, args.snapshot_every)
+    if args.release_idle_s is not None:
+        server.release_idle_s = max(0.0, args.release_idle_s) if math.isfinite(args.release_idle_s) else 0.0
+        set_drop_pages(server.release_idle_s > 0)   # 0: never, not after a start or a rebuild either
+    if args.mapped_resident_mib is not None:
+        server.mapped_resident_cap = (0 if args.mapped_resident_mib <= 0
+                                      else max(MAPPED_RESIDENT_MIN, args.mapped_resident_mib << 20))
 
 
 def fail(msg: str, code: int) -> int:
@@ -206,14 +223,7 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
         return fail(f"cannot use the endpoint {endpoint}: {exc.strerror}", DAEMON_EXIT_CANNOT_START)
     server = Server(None, endpoint, curve_key, clients_dir)
     server.identity = identity.identity(data_dir, store_id)
-    if args.snapshot_every is not None:
-        server.snapshot_every_records = max(0, args.snapshot_every)
-    if args.release_idle_s is not None:
-        server.release_idle_s = max(0.0, args.release_idle_s) if math.isfinite(args.release_idle_s) else 0.0
-        set_drop_pages(server.release_idle_s > 0)   # 0: never, not after a start or a rebuild either
-    if args.mapped_resident_mib is not None:
-        server.mapped_resident_cap = (0 if args.mapped_resident_mib <= 0
-                                      else max(MAPPED_RESIDENT_MIN, args.mapped_resident_mib << 20))
+    apply_tuning(server, args)
     try:
         server.bind()
     except zmq.ZMQError as exc:
