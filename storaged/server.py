@@ -741,7 +741,12 @@ class Server:
         pos = store.writer.size
         # the index's live postings are frozen here: the child writes them as a segment, and the
         # loop reads the frozen lists until the snapshot naming that segment is installed
-        plan = store.plan_snapshot()
+        # A long queue (an import's backlog) is not indexed by the child as well: the loop and the
+        # catch-up children index it anyway, and under a bulk import, where snapshots run back to back,
+        # the child's copy was most of each snapshot's time on the other core (~10k messages, 1-2 s, for
+        # a start after a crash mid-import only). The snapshot leaves them queued; the one taken once
+        # the index has caught up (index_caught_up) holds them.
+        plan = store.plan_snapshot(catch_up=len(store.unindexed) < SPLIT_MIN)
 
         def work() -> int:  # in the child: write the frozen image
             store.write_snapshot_file(tmp, plan)

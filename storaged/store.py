@@ -1254,7 +1254,8 @@ class Store:
         return segments is not None and (self.rows_legacy or len(segments) >= ROW_SEGMENTS_MAX or (
             sum(n + dead for _, n, dead in segments[1:]) + more > max(ROW_DELTA_MIN, segments[0][1] // 2)))
 
-    def plan_snapshot(self, inline: bool = False, base_later: bool = False) -> "SnapshotPlan":
+    def plan_snapshot(self, inline: bool = False, base_later: bool = False,
+                      catch_up: bool = True) -> "SnapshotPlan":
         """Before a snapshot: freeze the search index's live postings and plan the segment the
         snapshot writes (SearchIndex.plan), and the row segment: a delta of the rows changed since
         the last snapshot, or a base of every row when there is no base on disk, or when the deltas
@@ -1262,7 +1263,8 @@ class Store:
         and every row is rewritten a bounded number of times). Called by the process that keeps the
         store (before a background snapshot's fork, or ``inline``: a snapshot this thread writes
         itself, whose merges stay small; ``base_later``: a delta even where a base is due, see
-        ``write_snapshot``). The changed rows are taken from the store's sets here:
+        ``write_snapshot``; ``catch_up``: a background child indexes the messages still queued too, see
+        below). The changed rows are taken from the store's sets here:
         ``abandon_snapshot`` puts them back if the snapshot is never installed."""
         index_plan = self._index.plan(inline)
         changed, deleted = self.rows_changed, self.rows_deleted
@@ -1297,7 +1299,7 @@ class Store:
             rows_after = list(segments)
         # a child indexes what is still queued (on its own core) and writes it too: a start after a crash
         # then indexes only the log past the snapshot, not also the queue the snapshot was taken with
-        catchup = new_segment_name() if self.unindexed and not inline else None
+        catchup = new_segment_name() if self.unindexed and catch_up and not inline else None
         return SnapshotPlan(index_plan, self._index.names_after(index_plan), name, base, seqs, dead,
                             rows_after, changed, deleted, catchup, metas, checkpoints, span)
 

@@ -328,6 +328,29 @@ def test_a_background_snapshot_indexes_the_queue_and_writes_it_as_a_segment_of_i
     s.close()
 
 
+def test_a_background_snapshot_told_not_to_catch_up_leaves_the_queue_to_the_next_start(tmp_path):
+    """What the loop asks for under a bulk import (a queue of SPLIT_MIN or more, which the loop and its
+    catch-up children index anyway): the child writes no catch-up segment, the snapshot names the queued
+    messages as unindexed, and the next start queues them again and finds them."""
+    d = str(tmp_path)
+    s = Store.open(d)
+    ids = {f"qword{i}x": write(s, "s", f"qword{i}x row segment text")["message"]["message_id"] for i in range(30)}
+    queued = list(s.unindexed)
+    plan = s.plan_snapshot(catch_up=False)
+    assert plan.catchup_name is None and list(s.unindexed) == queued
+    tmp = os.path.join(d, layout.SNAPSHOT + layout.BACKGROUND_SUFFIX)
+    pos = s.write_snapshot_file(tmp, plan)
+    s.install_snapshot(tmp, pos, plan)
+    meta, _, dump = snapshot.read(FileIO(), os.path.join(d, "snapshot"))
+    assert sorted(meta["unindexed"]) == sorted(queued)
+    s.close()
+    s = Store.open(d)
+    assert sorted(s.unindexed) == sorted(queued) and s.snapshot_pos == s.log_size()
+    for word, mid in ids.items():
+        assert search(s, query=word)["results"][0]["message_id"] == mid, word
+    s.close()
+
+
 def test_deltas_merge_into_the_base_chunk_by_chunk_in_seq_order(tmp_path, monkeypatch):
     """Rows a delta replaces fall in every chunk of the base (chunks of 4 here); each start gives the
     state a full replay of the log gives, rows in seq order."""
