@@ -167,7 +167,10 @@ SPLIT_STOP_WAIT_S = 5.0
 # after a child that failed (a full disk, say), the loop indexes alone this long: a child failing again
 # and again would otherwise keep taking the front of the queue back, and searches answered BUSY
 SPLIT_RETRY_S = 60.0
-INDEXED_SINCE_SNAPSHOT = 20_000  # messages the index caught up on since the snapshot: worth a new one
+# messages the index caught up on since the snapshot: worth a new one — as many as make a catch-up child
+# worth its fork, which is also the queue a background snapshot's child leaves to the loop (plan_snapshot's
+# catch_up), so the snapshot after such a one holds what it left queued
+INDEXED_SINCE_SNAPSHOT = SPLIT_MIN
 # the most a start's replayed tail holds background snapshots back while the loop indexes it
 # (Server._background_snapshot): ~10 s of indexing at 300 us a message for a tail of 30k
 REPLAY_CATCH_UP_MAX_S = 60.0

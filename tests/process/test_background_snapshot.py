@@ -226,3 +226,58 @@ def test_a_start_indexes_its_replayed_tail_before_it_forks_a_snapshot(tmp_path, 
             for i in range(60):
                 write(again, "s4", f"another tail {i}")
             again.close()
+
+
+def test_a_snapshot_forked_under_a_long_queue_leaves_it_to_the_loop_and_the_next_one_holds_it(tmp_path, monkeypatch):
+    """The loop's own background snapshots (an in-process Server over a real Store, real forked children):
+    forked while at least SPLIT_MIN messages wait for the index (an import's backlog), the child does not
+    index them too — the snapshot names them unindexed — and once the loop has indexed them the next
+    snapshot is due by itself (INDEXED_SINCE_SNAPSHOT) and holds them. A short queue is still indexed by
+    the child, as before."""
+    from storaged import server as server_module
+    from storaged import snapshot
+    from storaged.fileio import FileIO
+    from storaged.server import Server
+    from storaged.store import Store
+    from tests.support.faultio import search, write
+
+    monkeypatch.setattr(server_module, "SPLIT_MIN", 20)
+    monkeypatch.setattr(server_module, "INDEXED_SINCE_SNAPSHOT", 20)
+    d = str(tmp_path / "data")
+    store = Store.open(d)
+    server = Server(store, "inproc://convmem-snapshot-queue")
+    server.snapshot_every_records = 10
+
+    def snapshot_now() -> tuple:
+        server._background_snapshot()
+        assert server.snapshot_child is not None
+        plan = server.snapshot_child[3]
+        server._reap_snapshot_child(block=True)
+        assert server.snapshot_child is None and store.snapshot_pos == store.log_size()
+        return plan, snapshot.read(FileIO(), os.path.join(d, "snapshot"))[0]["unindexed"]
+
+    try:
+        ids = {_word(i): write(store, "s", f"{_word(i)} queued text")["message"]["message_id"] for i in range(30)}
+        queued = sorted(store.unindexed)
+        plan, unindexed = snapshot_now()
+        assert plan.catchup_name is None and sorted(unindexed) == queued
+        store.index_step(None)   # the loop's work meanwhile
+        server.snapshot_every_records = 1000   # (so that only INDEXED_SINCE_SNAPSHOT makes it due)
+        _, unindexed = snapshot_now()   # nothing new in the log: due because the index caught up
+        assert unindexed == []
+        server.snapshot_every_records = 10
+        more = {_word(i): write(store, "s", f"{_word(i)} queued text")["message"]["message_id"]
+                for i in range(30, 42)}   # 12 queued: fewer than SPLIT_MIN
+        plan, unindexed = snapshot_now()
+        assert plan.catchup_name is not None and unindexed == []
+        ids.update(more)
+    finally:
+        server.close()
+        store.close()
+    store = Store.open(d)
+    try:
+        assert not store.unindexed
+        for word, mid in ids.items():
+            assert search(store, query=word)["results"][0]["message_id"] == mid, word
+    finally:
+        store.close()
