@@ -93,6 +93,7 @@ _EXT_SPARSE = (1 << 32) - 1         # an ext with files: in the sparse dict, not
 
 _PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]   # 10 bits -> two digits
 _M60 = (1 << 60) - 1
+_M64 = (1 << 64) - 1
 
 
 def id_raw(mid: str) -> bytes:
@@ -194,7 +195,7 @@ assert ROW_DTYPE.itemsize == _ROW_SIZE
 # rows gathered and scattered as opaque records: ~15x faster in numpy than through the structured dtype
 _RECORD = np.dtype((np.void, _ROW_SIZE))
 # single fields read in place, for the lookups a search makes of every candidate (cheaper than a row)
-_SESSION_AT, _TS_AT = ROW_DTYPE.fields["session"][1], ROW_DTYPE.fields["ts"][1]
+_ID_AT, _SESSION_AT, _TS_AT = ROW_DTYPE.fields["id"][1], ROW_DTYPE.fields["session"][1], ROW_DTYPE.fields["ts"][1]
 _IMPORTANCE_AT = ROW_DTYPE.fields["importance"][1]
 _U32, _I64 = struct.Struct("<I"), struct.Struct("<q")
 # the rows a mapped base took the place of are freed this many bytes a step (MessageTable.rebase_step)
@@ -218,7 +219,7 @@ class MessageTable:
                  "relations", "source_ids", "ext_files", "wide", "odd_id", "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
                  "keys", "key_seqs", "_keys_view", "_seqs_view", "base_keys", "base_key_seqs", "_bkeys_view",
                  "_bseqs_view", "recent", "by_seq", "by_id", "_rebase_end", "_rebase_keys", "held_bytes",
-                 "_rebase_dirty", "_rebase", "_rows_retired")
+                 "_rebase_dirty", "_rebase_keyed", "_rebase", "_rows_retired", "_base_at")
 
     # id (16 bytes: the ULID's number; zeros for an odd id), session number (from 1), timestamp,
     # updated_at, revision (u32), importance (u8; both at their maximum: see ``wide``), the text's record
@@ -234,6 +235,7 @@ class MessageTable:
         self.base = memoryview(b"")
         self.nbase = 0
         self._base_map = None
+        self._base_at = 0                 # where ``base`` begins in ``_base_map``
         # the names of the files its rows and its id keys are mapped from (mapped_names: never cut under them)
         self._rows_file: str | None = None
         self._keys_file: str | None = None
@@ -281,6 +283,9 @@ class MessageTable:
         self._rebase_end = 0
         self._rebase_keys = 0   # the id keys the base holds (one a live canonical id at the fork)
         self._rebase_dirty: set[int] | None = None
+        # which seqs below _rebase_end held a live canonical id at the fork (one byte a seq): the rows whose
+        # ids the base's keys must be the keys of (rebase_step)
+        self._rebase_keyed: np.ndarray | None = None
         self._rebase: _Rebase | None = None
         self._rows_retired: list[bytearray] = []   # the rows mapped bases replaced, freed in steps
 
@@ -746,9 +751,14 @@ class MessageTable:
         self._rebase_end = end
         self._rebase_dirty = set()
         self._rebase_keys = self.count - len(self.odd_id)
+        keyed = np.frombuffer(self.etype, np.uint8, min(end, len(self.etype))) != 0   # (a copy: ~1 ms at 5M)
+        if self.odd_id:
+            keyed[[seq for seq in self.odd_id if seq < len(keyed)]] = False
+        self._rebase_keyed = keyed
 
     def rebase_abandon(self) -> None:
         self._rebase_dirty = None
+        self._rebase_keyed = None
         self._rebase_end = 0
         self._rebase_keys = 0
         self._rebase = None
@@ -815,6 +825,11 @@ class MessageTable:
         lo, hi = rb.next, min(rb.end, rb.next + rows)
         if lo < hi:
             mine = self._gather(np.arange(lo, hi, dtype=np.int64), dtype=_RECORD).view(np.uint8).reshape(-1, _ROW_SIZE)
+            if rb.keys is not None:   # the keys' share of these rows: their ids' keys, summed with their seqs
+                keyed = np.flatnonzero(self._rebase_keyed[lo:hi])
+                ids = np.ascontiguousarray(mine[keyed][:, _ID_AT:_ID_AT + ID_RAW])
+                rb.rows_sum = (rb.rows_sum + _pair_sum(_keys(ids), keyed + lo)) & _M64
+                rb.rows_keyed += len(keyed)
             theirs = np.frombuffer(rb.view, np.uint8, (hi - lo) * _ROW_SIZE, lo * _ROW_SIZE).reshape(-1, _ROW_SIZE)
             differ = np.flatnonzero((mine != theirs).any(axis=1))
             if len(differ):
@@ -827,22 +842,33 @@ class MessageTable:
                     raise RebaseMismatch(f"row {seq} of the base {rb.name} differs from the table's")
                 for i in differ.tolist():
                     rb.view[(lo + i) * _ROW_SIZE:(lo + i + 1) * _ROW_SIZE] = mine[i].tobytes()
-            page = mmap.PAGESIZE
-            a, b = (rb.at + lo * _ROW_SIZE) // page, (rb.at + hi * _ROW_SIZE + page - 1) // page
-            drop_pages(rb.mm, True, a, b - a)
+            # the pages just read let go (the page cache keeps them), the base's and the current base's the
+            # table's rows came from: during a bulk import no gap lets the mapped-page cap do it, and the
+            # whole current base was resident over each check (~270 MB at 2.9M events) until the install
+            _drop_rows(rb.mm, rb.at, lo, hi)
+            if lo < self.nbase and self._base_map is not None:
+                _drop_rows(self._base_map, self._base_at, lo, min(hi, self.nbase))
             rb.next = hi
         if rb.keys is not None and rb.keys_next < len(rb.keys):
             self._rebase_check_keys(rb, rows)
         if rb.next < rb.end or (rb.keys is not None and rb.keys_next < len(rb.keys)):
             return True
+        if rb.keys is not None and (rb.rows_keyed != len(rb.keys) or rb.rows_sum != rb.keys_sum):
+            name = rb.name
+            self.rebase_abandon()
+            raise RebaseMismatch(f"the id keys of the base {name} differ from the ids of the rows they name")
         self._rebase_install(rb)
         return False
 
     def _rebase_check_keys(self, rb: "_Rebase", n: int) -> None:
-        """Check the next ``n`` of the base's id keys: sorted, each naming a seq of the base once, and the
-        key of the id of that seq's row (unless deleted since the fork: a lookup skips it). With their
-        count (rebase_open), every live canonical id's key is then there. RebaseMismatch if not: the
-        base is given up (the rows and keys stay in memory)."""
+        """Check the next ``n`` of the base's id keys: sorted, each naming a seq of the base once, and add
+        them up with their seqs (``_pair_sum``). That each is the key of the id of the row it names is
+        checked once both passes are done: the rows pass adds up the keys of the ids of the rows that held
+        a live canonical id at the fork, read in seq order, and the two sums and counts must agree — which
+        reads no row at random (in key order, the keys' rows are anywhere in the base, and the pages read
+        stayed resident: the whole current base, over each check of a bulk import). With their count
+        (rebase_open), every live canonical id's key is then there. RebaseMismatch if not: the base is
+        given up (the rows and keys stay in memory)."""
         lo = rb.keys_next
         hi = min(len(rb.keys), lo + n)
         k, q = rb.keys[max(0, lo - 1):hi], rb.key_seqs[lo:hi]
@@ -857,10 +883,7 @@ class MessageTable:
                 why = "name a seq twice"
             else:
                 seen[q] = 1
-                live = np.frombuffer(self.etype, np.uint8)[q] != 0
-                mine = _keys(self._id_rows(q[live]))
-                if not (mine == rb.keys[lo:hi][live]).all():
-                    why = "differ from the ids of the rows they name"
+                rb.keys_sum = (rb.keys_sum + _pair_sum(rb.keys[lo:hi], q)) & _M64
         if why is not None:
             name = rb.name
             self.rebase_abandon()
@@ -881,7 +904,7 @@ class MessageTable:
         keep = (rb.end - self.nbase) * _ROW_SIZE
         self._rows_retired.append(self.rows)
         self.rows = self.rows[keep:]   # (a copy of the rows above the base)
-        self.base, self.nbase, self._base_map, self._rows_file = rb.view, rb.end, rb.mm, rb.name
+        self.base, self.nbase, self._base_map, self._base_at, self._rows_file = rb.view, rb.end, rb.mm, rb.at, rb.name
         if rb.keys is not None:   # its id keys in place of the base level's, the merged ones of its seqs dropped
             above = self.key_seqs >= rb.end
             self._set_keys(self.keys[above], self.key_seqs[above])
@@ -1033,7 +1056,7 @@ class MessageTable:
             mm, at = map_private(path, offset - first * _ROW_SIZE, end * _ROW_SIZE, identity)
         except (OSError, ValueError):
             return False
-        self._base_map = mm
+        self._base_map, self._base_at = mm, at
         self._rows_file = os.path.basename(path)
         self.base = memoryview(mm)[at:at + end * _ROW_SIZE]
         self.nbase = end
@@ -1186,12 +1209,34 @@ class RebaseMismatch(ValueError):
     """A base mapped to take the rows' place is not the rows (MessageTable.rebase_step): given up."""
 
 
+def _drop_rows(mm: mmap.mmap, at: int, lo: int, hi: int) -> None:
+    """Let go of the pages of a private rows mapping that hold rows ``lo``..``hi`` (the view of row 0
+    begins at ``at``); the pages written stay (fileio.drop_pages)."""
+    page = mmap.PAGESIZE
+    a, b = (at + lo * _ROW_SIZE) // page, (at + hi * _ROW_SIZE + page - 1) // page
+    drop_pages(mm, True, a, b - a)
+
+
+def _pair_sum(keys: np.ndarray, seqs: np.ndarray) -> int:
+    """The sum mod 2^64 of a 64-bit mix (splitmix64's finalizer) of each (key, seq) pair: equal for the
+    same pairs in any order, and for two sets that differ in any pair unequal but with chance 2^-64."""
+    with np.errstate(over="ignore"):
+        h = keys.astype(np.uint64) ^ (seqs.astype(np.uint64) * np.uint64(_MIX))
+        h ^= h >> np.uint64(33)
+        h *= np.uint64(0xFF51AFD7ED558CCD)
+        h ^= h >> np.uint64(33)
+        h *= np.uint64(0xC4CEB9FE1A85EC53)
+        h ^= h >> np.uint64(33)
+        return int(h.sum(dtype=np.uint64))
+
+
 class _Rebase:
     """A base being checked against the table's rows (MessageTable.rebase_open): its mapping, the view
     of seqs 0..end's rows in it (``at``: where that view begins in the mapping), its live seqs' range,
     its file's name and the next seq to check."""
 
-    __slots__ = ("mm", "view", "at", "first", "end", "name", "next", "keys", "key_seqs", "keys_next", "seen")
+    __slots__ = ("mm", "view", "at", "first", "end", "name", "next", "keys", "key_seqs", "keys_next", "seen",
+                 "keys_sum", "rows_sum", "rows_keyed")
 
     def __init__(self, mm: mmap.mmap, view: memoryview, at: int, first: int, end: int, name: str, nxt: int,
                  keys: np.ndarray | None = None, key_seqs: np.ndarray | None = None) -> None:
@@ -1199,6 +1244,8 @@ class _Rebase:
         # its id keys and their seqs (mapped read-only), the next to check, and the seqs they named so far
         self.keys, self.key_seqs, self.keys_next = keys, key_seqs, 0
         self.seen = np.zeros(end if keys is not None else 0, np.uint8)
+        # the two passes' sums of (key, seq) pairs (_pair_sum), and the rows the rows pass counted
+        self.keys_sum = self.rows_sum = self.rows_keyed = 0
 
 
 class BySeq(Mapping):

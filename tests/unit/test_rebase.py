@@ -417,3 +417,58 @@ def test_a_start_keeps_the_base_id_keys_mapped_with_deleted_ids_in_them(tmp_path
         assert t.seq_of(ids[9]) is None and all(t.seq_of(mid) is not None for mid in ids[10:])
     finally:
         s.close()
+
+
+def test_the_check_lets_go_of_the_current_base_s_pages_it_reads(tmp_path):
+    """The check compares each window of the new base with the table's rows, read from the current base
+    for the seqs below its end, and checks the id keys without reading rows at random (the keys' and the
+    rows' sums of (key, seq) pairs): so the current base's pages are let go a window at a time, not left
+    resident until the install unmaps it (under a bulk import, the whole old base: ~270 MB at 2.9M)."""
+    from tests.unit.test_release_pages import _resident_kib
+
+    d = str(tmp_path / "d")
+    s, _ = _filled(d, N)
+    assert s.write_snapshot()
+    s.close()
+    s = Store.open(d)
+    try:
+        t = s.table
+        old_end, old_path = t.nbase, os.path.join(d, t._rows_file)
+        assert old_end and t._base_map is not None
+        for i in range(300):
+            write(s, "s-more", f"past the first base {i}")
+        s.rows_legacy = True   # a base is due
+        plan = s.plan_snapshot()
+        _installed(s, plan)
+        assert t._rebase is not None
+        t.release_pages()
+        assert t.rebase_step(old_end)   # every row of the current base checked, the rows past it still to come
+        assert t._rebase.next >= old_end and t._base_map is not None
+        assert _resident_kib(old_path) <= 8, "the current base's rows the check read stayed resident"
+        _checked(s)
+        assert t.nbase == plan.rebase[1]
+        assert live_state(s) == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_a_message_deleted_during_the_check_does_not_make_the_keys_differ(tmp_path):
+    """The keys' sum counts the ids that were live at the fork, whenever the rows pass and the keys pass
+    meet a row deleted since (before, between or after the two): the base is put in place, and the
+    deleted id is not found through it."""
+    d = str(tmp_path / "d")
+    s, ids = _filled(d)
+    try:
+        t = s.table
+        plan = s.plan_snapshot()
+        _installed(s, plan, lambda: delete(s, ids[10]))   # deleted after the fork, before the check
+        assert t.rebase_step(1500)                           # the rows pass past seq 1500, the keys pass too
+        delete(s, ids[100])                                  # behind both passes' first window
+        delete(s, ids[2900])                                 # ahead of the rows pass
+        _checked(s)
+        assert t.nbase == plan.rebase[1] and t._rows_file == plan.rows_name
+        for i in (10, 100, 2900):
+            assert t.seq_of(ids[i]) is None
+        assert live_state(s) == _replayed(d, tmp_path)
+    finally:
+        s.close()
