@@ -205,6 +205,19 @@ REBASE_FREE_STEP = 16 << 20
 # its rows use (at least 1 MiB of tool_call_ids, 1,024 sessions)
 OWN_NUMBERING = "own_numbering"
 OWN_WASTE_MAX = 1
+# A base lies in the file as the rows do in the table — one a seq, from its first live seq to its last — so
+# that a start maps it, and the daemon that wrote it maps it in place of its rows, instead of copying
+# every row to the heap (430 MB at five million events): the seqs deleted between them are written as
+# dead rows (etype 0, every byte zero). Before this, a single deleted message had every later start copy
+# the rows. A base carries at most this many dead rows a live one (beyond that it lists the live ones
+# only, and a start copies them: a store mostly deleted).
+BASE_HOLES_MAX = 1
+
+
+def holes_fit(live: int, first: int, end: int) -> bool:
+    """Whether a base of ``live`` rows whose seqs run from ``first`` to ``end`` (excluded) is written with
+    the dead seqs between them (BASE_HOLES_MAX)."""
+    return live > 0 and end - first - live <= BASE_HOLES_MAX * live
 
 
 class MessageTable:
@@ -629,12 +642,15 @@ class MessageTable:
 
     # ------------------------------------------------------------------ row segments (snapshot.py)
     def segment_columns(self, seqs: np.ndarray, locs: Any = None, rec_sizes: Any = None,
-                        own: bool = False) -> dict[str, Any]:
+                        own: bool = False, holes: bool = False) -> dict[str, Any]:
         """The rows of ``seqs`` (live, ascending) as a row segment holds them (docs/format.md §4.1): the
         packed rows as they are here, but numbered against tables of the segment's own (session ids,
         tag sets, tools, exts) and with tool_call_ids in a byte string of its own, so a segment reads
         the same in any process; the rarer fields as [seq, value] pairs. ``locs`` / ``rec_sizes``
         (a compaction's): the texts' locations and record sizes in a new log, by position in ``seqs``.
+
+        ``holes`` (a base): the dead seqs between the first and the last of ``seqs`` are written too, as
+        dead rows (every byte zero), where ``holes_fit`` (BASE_HOLES_MAX says why).
 
         ``own`` (a base of every row, ``rebase_span`` not None): where ``_own_numbering_fits``, the tables
         are this table's whole ones and the rows' bytes exactly this table's, the head's first entry
@@ -644,27 +660,37 @@ class MessageTable:
         seqs = np.asarray(seqs, np.int64)
         if len(seqs) and (seqs.min() < 0 or seqs.max() >= len(self.etype)):
             raise ValueError("a row segment can only hold live rows")
+        n_live = len(seqs)
+        if holes and n_live and holes_fit(n_live, int(seqs[0]), int(seqs[-1]) + 1):
+            seqs = np.arange(int(seqs[0]), int(seqs[-1]) + 1, dtype=np.int64)
         rows = self._gather(seqs, dtype=_RECORD).view(ROW_DTYPE)   # a copy
         etype = np.frombuffer(self.etype, np.uint8)[seqs]
-        if len(seqs) and not etype.all():
+        live = etype != 0
+        if int(np.count_nonzero(live)) != n_live:
             raise ValueError("a row segment can only hold live rows")
+        dead = None if n_live == len(seqs) else ~live
+        if dead is not None:   # (what a deleted message's row held is not written again)
+            rows.view(np.uint8).reshape(-1, _ROW_SIZE)[dead] = 0
+        written = rows if dead is None else rows[live]   # (a copy, put back below)
         if locs is not None:
-            rows["rec_pos"] = [loc >> _SHIFT for loc in locs]
-            rows["text_low"] = [loc & _LOW for loc in locs]
-            rows["rec_size"] = np.asarray(rec_sizes, np.uint32)
-        own = own and locs is None and self._own_numbering_fits(seqs, rows)
+            written["rec_pos"] = [loc >> _SHIFT for loc in locs]
+            written["text_low"] = [loc & _LOW for loc in locs]
+            written["rec_size"] = np.asarray(rec_sizes, np.uint32)
+        own = own and locs is None and self._own_numbering_fits(seqs, written)
         if own:   # the tables whole, the rows as they lie here (generation 0: the codes' top byte is zero)
             sids, tagsets, tools, exts = list(self.sids), self.tagsets.values, self.tools.values, self.exts.values
             tcid = bytes(self.tcid_bytes)
         else:
-            rows["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
-            sids, tagsets, tools, exts, tcid = self._renumbered(rows)
-        canonical = self._canonical(seqs)
+            written["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
+            sids, tagsets, tools, exts, tcid = self._renumbered(written)
+        if dead is not None:
+            rows[live] = written
+        canonical = self._canonical(seqs) & live
         ids = rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, :ID_RAW]
         keys, key_seqs = _keys(ids[canonical]), seqs[canonical]
         order = np.argsort(keys)
-        wanted = set(seqs.tolist()) if len(seqs) != self.count else None
-        ext_sections = self.ext_files.sections(None if wanted is None else seqs)
+        wanted = set(seqs[live].tolist()) if n_live != self.count else None
+        ext_sections = self.ext_files.sections(None if wanted is None else seqs[live])
 
         def pairs(values: dict[int, Any], form=lambda v: v) -> list[list[Any]]:
             return sorted([seq, form(v)] for seq, v in values.items() if wanted is None or seq in wanted)
@@ -712,8 +738,8 @@ class MessageTable:
         return sids, tables["tags"], tables["tool"], exts, b"".join(pieces)
 
     def _own_numbering_fits(self, seqs: np.ndarray, rows: np.ndarray) -> bool:
-        """Whether a base of ``rows`` (of ``seqs``) may be written in the table's own numbering: every
-        live row, gapless, of generation 0, and the whole tables holding no more that no row uses than
+        """Whether a base of ``rows`` (the live ones of ``seqs``) may be written in the table's own
+        numbering: every live row, lying as the rows do (``rebase_span``), of generation 0, and the whole tables holding no more that no row uses than
         OWN_WASTE_MAX allows (tool_call_ids that updates replaced, sessions whose messages were deleted:
         a base numbered as ever leaves them behind, and a start loads only what it names)."""
         if self.generation or not len(seqs) or self.rebase_span() != (int(seqs[0]), int(seqs[-1]) + 1):
@@ -733,15 +759,27 @@ class MessageTable:
     # written into the mapping, any other difference gives the mapping up); the last step puts the
     # mapping in place of the rows below its end and keeps only the rows above it.
 
-    def rebase_span(self) -> tuple[int, int] | None:
-        """(first, end) of the live seqs when a base of them can be mapped in place of the rows: they run
-        without a gap and their codes are generation 0's (no compaction moved texts to another log)."""
-        if self.generation or not self.count:
+    def live_span(self) -> tuple[int, int] | None:
+        """(first, end) of the live seqs when a base of them lies as the rows do (the dead seqs between them
+        within BASE_HOLES_MAX: ``holes_fit``); None if not, or none is live."""
+        if not self.count:
             return None
         alive = np.frombuffer(self.etype, np.uint8) != 0
         first = int(alive.argmax())   # (the first True)
         end = len(alive) - int(alive[::-1].argmax())
-        return (first, end) if end - first == self.count else None
+        return (first, end) if holes_fit(self.count, first, end) else None
+
+    def base_rows(self) -> int:
+        """How many rows a base of the table holds (``segment_columns(holes=True)`` of the live seqs):
+        one a seq over ``live_span``, else one a live seq."""
+        span = self.live_span()
+        return self.count if span is None else span[1] - span[0]
+
+    def rebase_span(self) -> tuple[int, int] | None:
+        """(first, end) of the live seqs when a base of them can be mapped in place of the rows: it lies as
+        the rows do (``live_span``) and their codes are generation 0's (no compaction moved texts to
+        another log)."""
+        return None if self.generation else self.live_span()
 
     def rebase_track(self, end: int) -> None:
         """Note from now on the seqs below ``end`` whose rows are written (a base of them is being
@@ -950,8 +988,13 @@ class MessageTable:
                 rows, sparse = segment_rows(cols, seqs)   # the mapping: copied only to be renumbered
                 extra.append(sparse)
                 etype = np.frombuffer(cols["etype"], np.uint8)
-                if len(rows) != len(seqs) or len(etype) != len(seqs) or (len(seqs) and not etype.all()):
-                    raise ValueError("a row segment's columns differ in length, or hold a dead row")
+                if len(rows) != len(seqs) or len(etype) != len(seqs):
+                    raise ValueError("a row segment's columns differ in length")
+                live = None if etype.all() else etype != 0
+                if live is not None:   # only a base lying as the rows do holds dead rows: zeros, between live ones
+                    if i or not (live[0] and live[-1]) or seqs[-1] - seqs[0] + 1 != len(seqs) \
+                            or rows.view(np.uint8).reshape(-1, _ROW_SIZE)[~live].any():
+                        raise ValueError("a row segment holds a dead row")
                 maps = {"session": [0, *(self._sid_number(sid) for sid in cols["sids"])],
                         "tags": [self.tagsets.code(shared_tags(t)) if t else 0 for t in cols["tagsets"]],
                         "tool": [self.tools.code(intern(t)) if t is not None else 0 for t in cols["tools"]],
@@ -961,7 +1004,7 @@ class MessageTable:
                     values = rows[field][shared] if field == "ext" else rows[field]
                     if len(values) and int(values.max()) >= len(numbers):
                         raise ValueError(f"a row segment's {field} number is beyond its table")
-                if len(rows) and not rows["session"].all():
+                if len(rows) and not (rows["session"] if live is None else rows["session"][live]).all():
                     raise ValueError("a row segment's row names no session")
                 if "ext_values" in cols:   # version 4: packed entries, exactly one a row that says it has one
                     ext_seqs, ext_ends = checked_sections(cols)
@@ -1453,6 +1496,8 @@ def rows_from_columns(cols: dict[str, Any]) -> list[list[Any]]:
     rows = []
     for i, (raw, number, ts, upd, rev, importance, rec_pos, low, rec_size, tcid, tags, tool, ext,
             codes) in enumerate(_ROW.iter_unpack(array.tobytes())):
+        if not etypes[i]:   # (a base's dead row: a seq deleted between its live ones)
+            continue
         seq = seqs[i]
         if importance == _IMP_WIDE:
             rev, importance = sparse["wide"][seq]

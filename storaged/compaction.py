@@ -65,6 +65,7 @@ class Prepared:
     rids: OrderedDict                   # the request-id window written to the new log (Store.rids' form)
     seqs: Sequence[int]                 # the seqs of the messages written, in that order (Store.relocate_step moves them)
     rows_name: str                      # the row segment (a base) the new snapshot names
+    base_rows: int                      # ... and its rows (dead ones between the live ones included)
 
 
 def prepare(store: Store, pause=lambda: None) -> Prepared:
@@ -166,10 +167,11 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
     # the rest of the new index as a segment: the snapshot names its segments, and the daemon maps them
     # at the install instead of holding a rebuilt index's millions of objects (and a start maps them too)
     rows_name = snapshot.rows_name()
-    meta["rows"] = [[rows_name, len(live), 0]]
     try:
         flush_index()
-        columns = store.table.segment_columns(live, text_locs, rec_sizes)
+        columns = store.table.segment_columns(live, text_locs, rec_sizes, holes=True)
+        base_rows = len(columns["seqs"]) // 8
+        meta["rows"] = [[rows_name, base_rows, 0]]
         snapshot.write_row_columns(io, os.path.join(store.dir, rows_name), columns, (), session_metas, checkpoints)
         io.sync_dir(store.dir)
         snapshot.write_file(io, store.snapshot_path + layout.TMP_SUFFIX, meta, (), index.dump())
@@ -181,7 +183,7 @@ def prepare(store: Store, pause=lambda: None) -> Prepared:
                     checkpoint_sizes,
                     index, len(live), max(0, store.record_count - len(live)), bytes_before, time.monotonic() - t0,
                     OrderedDict((rid, (op, mid, rev, seen)) for rid, op, mid, rev, seen in rids),
-                    array("Q", live.tobytes()), rows_name)
+                    array("Q", live.tobytes()), rows_name, base_rows)
 
 
 def install(store: Store, p: Prepared, background: bool = False) -> dict[str, Any]:
@@ -273,7 +275,7 @@ def install(store: Store, p: Prepared, background: bool = False) -> dict[str, An
     store.snapshot_pos = p.log_size if snapshot_installed else -1
     # the new snapshot's base holds every row (mutations were refused since the worker's fork); without
     # it, no base of this log is on disk and the next snapshot writes one
-    store.row_segments = [[p.rows_name, p.record_count, 0]] if snapshot_installed else None
+    store.row_segments = [[p.rows_name, p.base_rows, 0]] if snapshot_installed else None
     store.rows_changed, store.rows_deleted = set(), set()
     store.metas_changed, store.checkpoints_changed = set(), set()
     store.rows_tracked = snapshot_installed
@@ -413,7 +415,7 @@ def run_child(store: Store) -> int:
             "checkpoint_sizes": [[src, key, n] for (src, key), n in p.checkpoint_sizes.items()],
             "index": p.search.dump(), "records_removed": p.records_removed, "bytes_before": p.bytes_before,
             "seconds": p.seconds, "rids": msgpack.packb([[rid, *v] for rid, v in p.rids.items()], use_bin_type=True),
-            "rows_name": p.rows_name,
+            "rows_name": p.rows_name, "base_rows": p.base_rows,
         }}
     except Exception as exc:
         arrays = []
@@ -502,4 +504,4 @@ def read_result_steps(store: Store) -> Generator[None, None, tuple[str, Any]]:
         r["salt"], r["log_size"], r["record_count"], r["checkpoint_bytes"], got["rec_sizes"],
         PackedLocations(memoryview(got["loc_pos"]).cast("B"), memoryview(got["loc_rest"]).cast("B")),
         meta_sizes, checkpoint_sizes, search, len(seqs),
-        r["records_removed"], r["bytes_before"], r["seconds"], rids, seqs, r["rows_name"])
+        r["records_removed"], r["bytes_before"], r["seconds"], rids, seqs, r["rows_name"], r["base_rows"])

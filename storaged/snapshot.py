@@ -443,6 +443,16 @@ class Reader:
         """A row segment of an earlier version is in use (the next snapshot writes a current base)."""
         return self.row_segments is not None and any(s._file.version != ROWS_VERSION for s in self.segments)
 
+    def base_gapped(self) -> bool:
+        """The base lists its live rows only, with a gap between them: written before bases held their
+        dead rows (docs/format.md §4.1), or of a store mostly deleted. A start copies its rows."""
+        if not self.segments or self.segments[0].columns is None:
+            return False
+        seqs = self.segments[0].columns["seqs"]
+        n = len(seqs) // 8
+        return n > 1 and (int.from_bytes(seqs[8 * (n - 1):8 * n], "little")
+                          - int.from_bytes(seqs[:8], "little") + 1 != n)
+
     def _rows_checked(self) -> None:
         """Wait for the row segments' checksums (begun at open, on other threads); SnapshotInvalid if
         one fails. Their heads and tails were decoded before (``session_meta``, ``checkpoints`` may be

@@ -526,8 +526,11 @@ class Store:
             self._bulk_load(reader.rows())
         self._check_index_docs()
         # row segments of an earlier release (version 1: rows one by one; 2: converted): the next
-        # snapshot writes a base of the current version, so that the next start only copies it in
-        self.rows_legacy = reader.rows_outdated() or hotless > 0
+        # snapshot writes a base of the current version, so that the next start only copies it in; and a
+        # base of live rows with a gap between them that could lie as the rows do (its dead rows written:
+        # an earlier release's, which this start copied), so that the next start maps it
+        self.rows_legacy = reader.rows_outdated() or hotless > 0 or (
+            reader.base_gapped() and self.table.live_span() is not None)
         if clock_poisoned:
             # the snapshot's clock lies beyond the bound (written before the bound existed): recover
             # the newest plausible id and time from the messages themselves
@@ -1284,7 +1287,7 @@ class Store:
         span = None
         if base:
             name = snapshot.rows_name()
-            rows_after = [[name, len(self.by_seq), 0]]
+            rows_after = [[name, self.table.base_rows(), 0]]   # (dead rows between live ones included)
             seqs = []
             # a background child's base is written so that this process can map it in place of its rows
             # (not an inline one's: this process is about to stop, or to start serving from the file)
@@ -1329,7 +1332,7 @@ class Store:
         if plan.rows_name is not None:
             path = os.path.join(self.dir, plan.rows_name)
             if plan.rows_base:
-                columns = self.table.segment_columns(self.table.live_seqs(), own=plan.rebase is not None)
+                columns = self.table.segment_columns(self.table.live_seqs(), own=plan.rebase is not None, holes=True)
                 metas, checkpoints = self.session_meta_entries(packed=True), self.ingest.dump(packed=True)
             else:
                 columns = self.table.segment_columns(np.asarray(plan.rows_seqs, np.int64))

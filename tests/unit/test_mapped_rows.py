@@ -1,8 +1,9 @@
 """A base row segment's rows are mapped copy-on-write as the message table's first rows (columns.py
 ``MessageTable._map_base``), not copied: what the table answers is what a replay of the log builds,
 through updates and deletes of mapped rows, new rows past them, snapshots and compaction; the segment
-file never changes; a base that cannot be mapped as it lies (a gap in its seqs, a file that is not the
-one read) is copied as before."""
+file never changes; a base holds the seqs deleted between its live ones as dead rows, so that it lies
+as the rows do; one that cannot be mapped as it lies (mostly deleted, a file that is not the one read)
+is copied as before."""
 from __future__ import annotations
 
 import hashlib
@@ -115,11 +116,74 @@ def test_a_compaction_rewrites_every_mapped_row(tmp_path):
         s.close()
 
 
-def test_a_base_with_a_gap_is_copied(tmp_path):
+def test_a_compaction_of_a_store_that_deleted_writes_a_base_the_next_start_maps(tmp_path):
+    """A rebuild drops the deleted messages' records, not their seqs: its base holds them as dead rows,
+    and the start after it maps the rows (with the manifest's count and the store's own after the
+    install both counting them, so the snapshots after it are used too)."""
+    from storaged import compaction
+
+    d, ids = _store(tmp_path)
+    s = Store.open(d)
+    try:
+        for mid in ids[10:60:5]:
+            delete(s, mid)
+        expected = live_state(s)
+        assert compaction.rebuild(s)["status"] == "OK"
+        while s.relocate_step(4096):
+            pass
+        assert s.row_segments[0][1] == 300   # (seqs 1 to 300, ten of them dead)
+        write(s, "s-after", "after the rebuild")
+        assert s.write_snapshot()   # a delta after the rebuild's base
+        expected = live_state(s)
+    finally:
+        s.close()
+    s = Store.open(d)
+    try:
+        assert s.snapshot_valid and s.scan_result.records == 0
+        assert s.table._base_map is not None and live_state(s) == expected
+    finally:
+        s.close()
+
+
+def test_a_base_with_a_gap_lies_as_the_rows_do_and_is_mapped(tmp_path):
+    """A message deleted between live ones: the base holds its seq as a dead row of zeros, so a start
+    maps it as it maps any base (it used to copy every row to the heap), and reads as a replay."""
     d, ids = _store(tmp_path, delete_one=True)
     s = Store.open(d)
     try:
-        assert s.table.nbase == 0 and s.table._base_map is None
+        t = s.table
+        assert t.nbase == len(t.etype) and t._base_map is not None and len(t.rows) == 0
+        assert t.count == 299 and t.seq_of(ids[150]) is None
+        dead = int(np.flatnonzero(np.frombuffer(t.etype, np.uint8) == 0)[-1])   # (seq 0 is never used)
+        assert not any(bytes(t.base[dead * ROW_DTYPE.itemsize:(dead + 1) * ROW_DTYPE.itemsize]))
+        assert live_state(s) == _replayed(d, tmp_path)
+        delete(s, ids[20])
+        write(s, "s-late", "after the start")
+        assert s.write_snapshot()   # (a delta after the base)
+        state = live_state(s)
+    finally:
+        s.close()
+    s = Store.open(d)
+    try:
+        assert s.table._base_map is not None and live_state(s) == state
+    finally:
+        s.close()
+
+
+def test_a_base_mostly_deleted_lists_its_live_rows_and_is_copied(tmp_path):
+    """More dead seqs than live ones between the first and the last (BASE_HOLES_MAX): the base holds
+    the live rows only, as ever, and a start copies them."""
+    d = str(tmp_path / "d")
+    s = Store.open(d)
+    ids = [write(s, "s", f"message {i}")["message"]["message_id"] for i in range(60)]
+    for mid in ids[1:40]:
+        delete(s, mid)
+    assert s.table.live_span() is None and s.table.base_rows() == 21
+    assert s.write_snapshot()
+    s.close()
+    s = Store.open(d)
+    try:
+        assert s.table.nbase == 0 and s.table._base_map is None and s.table.count == 21
         assert live_state(s) == _replayed(d, tmp_path)
     finally:
         s.close()
@@ -213,8 +277,8 @@ def test_a_delta_of_mapped_rows_alone_loads(tmp_path):
 
 
 def test_the_id_keys_file_is_kept_from_cuts_while_they_are_mapped_merges_included(tmp_path, monkeypatch):
-    """A store that deleted a message has its base's rows copied but its id keys mapped (the deleted
-    id's among them: a lookup skips it); new ids merge into a level of their own, never into those,
+    """A store that deleted a message has its base's id keys mapped (the deleted id's among them: a
+    lookup skips it); new ids merge into a level of their own, never into those,
     so the file stays mapped and kept from cuts."""
     from storaged import columns
 
@@ -222,11 +286,40 @@ def test_the_id_keys_file_is_kept_from_cuts_while_they_are_mapped_merges_include
     s = Store.open(d)
     try:
         t = s.table
-        assert t.nbase == 0 and not t.base_keys.flags.writeable and t.mapped_names() == set(_digests(d))
+        assert not t.base_keys.flags.writeable and t.mapped_names() == set(_digests(d))
         monkeypatch.setattr(columns, "RECENT_MAX", 4)
         new = [write(s, "s-new", f"new id {i}")["message"]["message_id"] for i in range(5)]   # the fourth merges
         assert not t.base_keys.flags.writeable and t.mapped_names() == set(_digests(d))
         assert len(t.keys) == 4 and t.keys.flags.writeable
         assert all(t.seq_of(mid) is not None for mid in new)
+    finally:
+        s.close()
+
+
+def test_a_gapped_base_of_an_earlier_release_is_written_again_lying_as_the_rows_do(tmp_path, monkeypatch):
+    """A base an earlier release wrote of the live rows only (a gap where a message was deleted): the
+    start copies its rows, and the store is due a base at once (``base_due``), which holds the dead row,
+    so the start after maps it."""
+    from storaged import columns
+
+    d = str(tmp_path / "d")
+    s = Store.open(d)
+    ids = [write(s, f"s{i % 7}", f"message {i} of an earlier release")["message"]["message_id"] for i in range(300)]
+    delete(s, ids[100])
+    with monkeypatch.context() as m:
+        m.setattr(columns, "BASE_HOLES_MAX", -1)   # (as the earlier release wrote it: live rows only)
+        assert s.write_snapshot()
+    state = live_state(s)
+    s.close()
+    s = Store.open(d)
+    try:
+        assert s.table._base_map is None and s.base_due() and s.snapshot_due()
+        assert live_state(s) == state
+        assert s.write_snapshot()
+    finally:
+        s.close()
+    s = Store.open(d)
+    try:
+        assert s.table._base_map is not None and not s.base_due() and live_state(s) == state
     finally:
         s.close()

@@ -163,17 +163,48 @@ def test_a_base_that_is_not_the_rows_is_given_up(tmp_path, caplog, damage, said)
         s.close()
 
 
-def test_rows_with_a_gap_are_written_numbered_as_before(tmp_path):
-    """A base whose live seqs have a gap (a message deleted in the middle) cannot lie as the rows do:
-    it is written in its own numbering, nothing is tracked, and it loads as ever."""
+def test_a_base_with_a_gap_takes_the_place_of_the_rows(tmp_path):
+    """A message deleted in the middle: the base lies as the rows do all the same (its seq a dead row of
+    zeros), so it is tracked, mapped and put in place of the rows like any base; a message deleted
+    after the fork is a row that differs and is dead, which the check passes over."""
     d = str(tmp_path / "d")
     s, ids = _filled(d, 500)
     try:
         delete(s, ids[100])
+        plan = s.plan_snapshot()
+        first, end = plan.rebase
+        assert plan.rows_base and end - first == 500 and plan.rows_after[0][1] == 500
+        _installed(s, plan, lambda: (update(s, ids[3], content="changed"), delete(s, ids[200])))
+        while s.rebase_step(97):
+            pass
+        t = s.table
+        assert t.nbase == end and t._rows_file == plan.rows_name
+        assert len(t.rows) == (len(t.etype) - end) * ROW_DTYPE.itemsize   # only the rows past the base
+        assert t.seq_of(ids[100]) is None and t.seq_of(ids[200]) is None
+        state = live_state(s)
+        assert state == _replayed(d, tmp_path)
+    finally:
+        s.close()
+    s = Store.open(d)
+    try:
+        assert s.table._base_map is not None and live_state(s) == state
+    finally:
+        s.close()
+
+
+def test_rows_mostly_deleted_are_written_numbered_as_before(tmp_path):
+    """More dead seqs than live ones between the first and the last (columns.BASE_HOLES_MAX): the base
+    lists the live rows only, in its own numbering, nothing is tracked, and it loads as ever."""
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 500)
+    try:
+        for mid in ids[1:300]:
+            delete(s, mid)
         assert s.table.rebase_span() is None
         plan = s.plan_snapshot()
         assert plan.rows_base and plan.rebase is None and s.table._rebase_dirty is None
-        _installed(s, plan, lambda: update(s, ids[3], content="changed"))
+        assert plan.rows_after[0][1] == 201
+        _installed(s, plan, lambda: update(s, ids[3 + 300], content="changed"))
         assert not s.table.rebasing and not s.rebase_step(500)
         state = live_state(s)
     finally:
@@ -271,7 +302,8 @@ def test_the_pending_base_is_never_cut_under_its_mapping(tmp_path):
         plan = s.plan_snapshot()
         _installed(s, plan)
         assert s.rebase_step(100)   # under way
-        delete(s, ids[500])   # a gap: the next base is numbered as ever, and tracks nothing
+        for mid in ids[100:700]:   # mostly deleted: the next base is numbered as ever, and tracks nothing
+            delete(s, mid)
         s.rows_legacy = True
         second = s.plan_snapshot()
         assert second.rows_base and second.rebase is None and s.table.rebase_checking
