@@ -232,7 +232,7 @@ class MessageTable:
                  "relations", "source_ids", "ext_files", "wide", "odd_id", "odd_seq", "sids", "sid_number", "tagsets", "tools", "exts", "sources", "generation", "count",
                  "keys", "key_seqs", "_keys_view", "_seqs_view", "base_keys", "base_key_seqs", "_bkeys_view",
                  "_bseqs_view", "recent", "by_seq", "by_id", "_rebase_end", "_rebase_keys", "held_bytes",
-                 "_rebase_dirty", "_rebase_keyed", "_rebase", "_rows_retired", "_base_at")
+                 "_rebase_dirty", "_rebase_keyed", "_rebase", "_rows_retired", "_base_at", "_gen0_current")
 
     # id (16 bytes: the ULID's number; zeros for an odd id), session number (from 1), timestamp,
     # updated_at, revision (u32), importance (u8; both at their maximum: see ``wide``), the text's record
@@ -270,6 +270,10 @@ class MessageTable:
         # the text's readers by generation (Store.start_relocation moves to a new one)
         self.sources: dict[int, LogText] = {}
         self.generation = 0
+        # generation 0 names the current source: from the start until a compaction's relocation begins,
+        # and again once it is over (``relocated``) — what a base mapped in place of the rows needs, its
+        # codes' top byte being zero
+        self._gen0_current = True
         self.count = 0
         # what the live messages hold beside their packed rows (``_held``): health's metadata_bytes
         self.held_bytes = 0
@@ -319,10 +323,21 @@ class MessageTable:
         return 0 <= seq < len(self.etype) and self.etype[seq] != 0
 
     def set_source(self, src: LogText) -> None:
-        """Texts stored from now on are read by ``src`` (a new generation: Store.start_relocation)."""
+        """Texts stored from now on are read by ``src`` (a new generation: Store.start_relocation).
+        Generations go round 1 to 255, never back to 0, which ``relocated`` makes name the current
+        source again (rows of a base mapped in place of the rows read generation 0)."""
         if self.sources and self.sources[self.generation] is not src:
-            self.generation = (self.generation + 1) & 0xFF
+            self.generation = self.generation % 255 + 1
+            self._gen0_current = False
         self.sources[self.generation] = src
+
+    def relocated(self) -> None:
+        """Every live row reads the current source now (a compaction's relocation is over, each row
+        rewritten: all of them on the heap, 430 MB at five million events): generation 0 names it too,
+        so that a base written of the rows (whose codes' top byte is zero on disk) can be mapped in their
+        place (``rebase_span``). Before, the rows stayed on the heap until a restart."""
+        self.sources[0] = self.sources[self.generation]
+        self._gen0_current = True
 
     def source_of(self, seq: int) -> LogText:
         return self.sources[self.row(seq)[13] >> 24]
@@ -677,11 +692,11 @@ class MessageTable:
             written["text_low"] = [loc & _LOW for loc in locs]
             written["rec_size"] = np.asarray(rec_sizes, np.uint32)
         own = own and locs is None and self._own_numbering_fits(seqs, written)
-        if own:   # the tables whole, the rows as they lie here (generation 0: the codes' top byte is zero)
+        written["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
+        if own:   # the tables whole, the rows as they lie here (but for that top byte: see ``relocated``)
             sids, tagsets, tools, exts = list(self.sids), self.tagsets.values, self.tools.values, self.exts.values
             tcid = bytes(self.tcid_bytes)
         else:
-            written["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
             sids, tagsets, tools, exts, tcid = self._renumbered(written)
         if dead is not None:
             rows[live] = written
@@ -739,10 +754,11 @@ class MessageTable:
 
     def _own_numbering_fits(self, seqs: np.ndarray, rows: np.ndarray) -> bool:
         """Whether a base of ``rows`` (the live ones of ``seqs``) may be written in the table's own
-        numbering: every live row, lying as the rows do (``rebase_span``), of generation 0, and the whole tables holding no more that no row uses than
+        numbering: every live row, lying as the rows do (``rebase_span``), reading the source generation 0
+        names, and the whole tables holding no more that no row uses than
         OWN_WASTE_MAX allows (tool_call_ids that updates replaced, sessions whose messages were deleted:
         a base numbered as ever leaves them behind, and a start loads only what it names)."""
-        if self.generation or not len(seqs) or self.rebase_span() != (int(seqs[0]), int(seqs[-1]) + 1):
+        if not len(seqs) or self.rebase_span() != (int(seqs[0]), int(seqs[-1]) + 1):
             return False
         tcid = rows["tcid"]
         live_tcid = int((tcid[tcid != np.uint64(_NO_STR)] & np.uint64(_STR_LEN_MASK)).sum(dtype=np.uint64))
@@ -777,9 +793,9 @@ class MessageTable:
 
     def rebase_span(self) -> tuple[int, int] | None:
         """(first, end) of the live seqs when a base of them can be mapped in place of the rows: it lies as
-        the rows do (``live_span``) and their codes are generation 0's (no compaction moved texts to
-        another log)."""
-        return None if self.generation else self.live_span()
+        the rows do (``live_span``) and generation 0 names the source they read (no compaction's
+        relocation is under way: ``relocated``)."""
+        return self.live_span() if self._gen0_current else None
 
     def rebase_track(self, end: int) -> None:
         """Note from now on the seqs below ``end`` whose rows are written (a base of them is being
@@ -863,6 +879,7 @@ class MessageTable:
         lo, hi = rb.next, min(rb.end, rb.next + rows)
         if lo < hi:
             mine = self._gather(np.arange(lo, hi, dtype=np.int64), dtype=_RECORD).view(np.uint8).reshape(-1, _ROW_SIZE)
+            mine[:, _GENERATION_AT] = 0   # (a copy) as the base holds them: see ``relocated``
             if rb.keys is not None:   # the keys' share of these rows: their ids' keys, summed with their seqs
                 keyed = np.flatnonzero(self._rebase_keyed[lo:hi])
                 ids = np.ascontiguousarray(mine[keyed][:, _ID_AT:_ID_AT + ID_RAW])
@@ -1356,6 +1373,7 @@ class ById(Mapping):
 
 # the row's fields from tcid on, as a record of their own (_check_codes)
 _TAIL_AT = ROW_DTYPE.fields["tcid"][1]
+_GENERATION_AT = ROW_DTYPE.fields["codes"][1] + 3   # the codes' top byte (little-endian): the source generation
 _TAIL_DTYPE = np.dtype({"names": ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):],
                         "formats": [ROW_DTYPE.fields[n][0] for n in ROW_DTYPE.names[ROW_DTYPE.names.index("tcid"):]],
                         "offsets": [ROW_DTYPE.fields[n][1] - _TAIL_AT

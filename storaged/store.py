@@ -240,7 +240,9 @@ class Store:
         # millions of messages would fill them for nothing), from the first plan or loaded row segments on
         self.rows_tracked = False
         # the row segments on disk include one of an earlier version, or a tail without the sessions' hot
-        # fields: the next snapshot writes a base of the current one
+        # fields, or a base of live rows with a gap between them; or a compaction's relocation rewrote every
+        # row (on the heap since): the next snapshot writes a base of the current version, lying as the
+        # rows do (which a start, or this process, maps in place of the rows)
         self.rows_legacy = False
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
@@ -1560,6 +1562,10 @@ class Store:
         if end < len(seqs):
             return True
         self.relocation = None
+        # every row was rewritten (each a private copy of the mapped base's page, or on the heap): the next
+        # background snapshot writes a base of them that takes their place (MessageTable.relocated)
+        self.table.relocated()
+        self.rows_legacy = True
         if r.old_fd is not None:
             r.old.close()  # not the last descriptor: frees nothing
             self.io.release_fd(r.old_fd)

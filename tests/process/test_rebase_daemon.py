@@ -54,3 +54,38 @@ def test_an_importing_daemon_maps_its_base_in_place_of_its_rows(tmp_path, monkey
                 time.sleep(0.1)
             assert _answers(c, ids) == before
             assert "changed after the base" in repr(c.call("read_messages", {"view": "content", "message_id": ids[7]}))
+
+
+def test_after_a_rebuild_the_daemon_maps_a_base_in_place_of_the_rows_it_relocated(tmp_path):
+    """A rebuild_index moves every message to the compacted log, which rewrites every row (on the heap
+    from then on: until a restart, before): once all have moved, the next background snapshot writes a
+    base that is mapped in their place, deleted messages' seqs and all, and every answer stays the same
+    — after a restart too."""
+    data = tmp_path / "data"
+    d = Daemon(data)
+    with d:
+        d.start()
+        with d.client(timeout_ms=120_000) as c:
+            ids = _import(c, N)
+            for mid in ids[100:3000:50]:
+                assert c.call("delete_message", {"message_id": mid})["status"] == "OK"
+            rep = c.call("rebuild_index", {})
+            deadline = time.monotonic() + 120
+            while rep.get("status") == "REBUILDING":
+                assert time.monotonic() < deadline, d.stderr()[-3000:]
+                time.sleep(0.05)
+                rep = c.call("rebuild_status", {"rebuild_id": rep["rebuild_id"]})
+            assert rep["status"] == "OK", rep
+            mapped = d.stderr().count(BASE_IN_PLACE)
+            while d.stderr().count(BASE_IN_PLACE) <= mapped:
+                assert time.monotonic() < deadline, d.stderr()[-3000:]
+                c.call("ping", {})
+                time.sleep(0.05)
+            assert "cannot take the place" not in d.stderr()
+            before = _answers(c, ids)
+            assert all(c.call("read_messages", {"view": "content", "message_id": mid})["status"] == "ERROR"
+                       for mid in ids[100:3000:500])
+        d.terminate(signal.SIGTERM)
+        d.start()
+        with d.client(timeout_ms=60_000) as c:
+            assert _answers(c, ids) == before

@@ -504,3 +504,44 @@ def test_a_message_deleted_during_the_check_does_not_make_the_keys_differ(tmp_pa
         assert live_state(s) == _replayed(d, tmp_path)
     finally:
         s.close()
+
+
+def test_after_a_compaction_s_relocation_a_base_takes_the_place_of_the_rows_it_rewrote(tmp_path):
+    """A rebuild's relocation rewrites every row (each a private copy, or on the heap, until a restart
+    before): once it is over, generation 0 names the new log too (MessageTable.relocated) and a base is
+    due, which is mapped in place of the rows; every text still reads right, through a second rebuild
+    whose relocation moves the mapped rows (generation 0's) in their turn."""
+    from storaged import compaction
+
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 1200)
+    try:
+        for mid in ids[5:400:7]:
+            delete(s, mid)
+        assert compaction.rebuild(s)["status"] == "OK"
+        assert s.relocate_step(100) and s.table.rebase_span() is None   # (rows still to move read the old log)
+        while s.relocate_step(500):
+            pass
+        assert s.table.generation and s.table.rebase_span() is not None and s.base_due()
+        plan = s.plan_snapshot()
+        assert plan.rows_base and plan.rebase is not None
+        _installed(s, plan, lambda: update(s, ids[3], content="changed after the fork"))
+        _checked(s)
+        t = s.table
+        assert t._rows_file == plan.rows_name and t.nbase == plan.rebase[1] and not s.base_due()
+        state = live_state(s)
+        assert state == _replayed(d, tmp_path)
+        assert compaction.rebuild(s)["status"] == "OK"   # the mapped rows (generation 0) move in their turn
+        while s.relocate_step(300):
+            pass
+        assert live_state(s) == state
+        write(s, "s-late", "after the second rebuild")
+        state = live_state(s)
+        assert s.write_snapshot()
+    finally:
+        s.close()
+    s = Store.open(d)
+    try:
+        assert live_state(s) == state
+    finally:
+        s.close()
