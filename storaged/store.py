@@ -202,7 +202,6 @@ class Store:
         self.checkpoint_bytes = 0
         # memory accounting, maintained on insert/remove
         self.body_bytes = 0
-        self.entry_bytes = 0
         # health
         self.recovered_tail = False
         self.snapshot_valid = True
@@ -542,8 +541,6 @@ class Store:
         # (its metadata figure is not read: the table counts what it holds as it loads, where a release
         # before part 16 counted Python objects the packed rows no longer hold — 2 GB at 5M events)
         self.body_bytes = meta["memory"][0]
-        # a message's row is the same size whatever wrote the snapshot (an older one counted ~600 bytes)
-        self.entry_bytes = len(self.table) * MessageTable.ROW_BYTES
         self.snapshot_pos = meta["log_pos"]
         self.snapshot_records = self.record_count
         self.snapshot_unindexed = len(self.unindexed)
@@ -698,7 +695,6 @@ class Store:
             self.rows_changed.add(msg.seq)
         self.live_bytes += msg.rec_size
         self.body_bytes += msg.body_bytes()
-        self.entry_bytes += MessageTable.ROW_BYTES
 
     def _bulk_load(self, rows: Iterable[list[Any]]) -> None:
         """_insert for a snapshot's messages (rows in creation order, search index already loaded):
@@ -807,7 +803,6 @@ class Store:
             self._index.remove(msg.seq)
         self.live_bytes -= msg.rec_size
         self.body_bytes -= msg.body_bytes()
-        self.entry_bytes -= MessageTable.ROW_BYTES
 
     def _replace(self, old: Message, new: Message) -> None:
         # by_seq keeps its slot so that iterating it stays in creation order (the rebuild relies on it).
@@ -1231,7 +1226,7 @@ class Store:
             "update_records": self.update_records, "deleted_messages": self.deleted_messages,
             "record_count": self.record_count, "checkpoint_bytes": self.checkpoint_bytes,
             "rids": self.rid_entries(),
-            "memory": [self.body_bytes, self.table.held_bytes, self.entry_bytes],
+            "memory": [self.body_bytes, self.table.held_bytes, self.table.entries_heap_bytes()],
             "session_meta": self.session_meta_entries() if extras else [],
             "checkpoints": self.ingest.dump() if extras else [],
             # the checkpoints' per-source sums, so that a start takes their bytes as they are (IngestState.load)
@@ -1480,7 +1475,8 @@ class Store:
             sizes = self.__dict__["_index_sizes"] = IndexSizes()
         history, relation = sizes.get((self.last_seq, self.record_count, id(self.sessions), id(self.relations)),
                                       self.sessions, self.relations)
-        entries = self.entry_bytes + sys.getsizeof(self.by_id) + sys.getsizeof(self.by_seq) + sys.getsizeof(
+        # (the rows a base maps are the page cache's, as the segments' postings are: not counted)
+        entries = self.table.entries_heap_bytes() + sys.getsizeof(self.by_id) + sys.getsizeof(self.by_seq) + sys.getsizeof(
             self.rids) + len(self.rids) * 200
         memory = {
             "store_entries_bytes": entries,

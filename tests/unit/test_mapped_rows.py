@@ -323,3 +323,27 @@ def test_a_gapped_base_of_an_earlier_release_is_written_again_lying_as_the_rows_
         assert s.table._base_map is not None and not s.base_due() and live_state(s) == state
     finally:
         s.close()
+
+
+def test_health_counts_the_rows_on_the_heap_not_those_a_base_maps(tmp_path):
+    """store_entries_bytes is what the rows, their etype bytes and the id keys hold on the heap: the
+    rows of a mapped base are the page cache's (a count of rows times their size said 430 MB at five
+    million events where the heap held none), the rows written after it are counted."""
+    d, ids = _store(tmp_path, n=12_000)   # (id keys over 1 MB: mapped too)
+    s = Store.open(d)
+    try:
+        t = s.table
+        assert t.nbase and len(t.rows) == 0 and t._keys_file is not None
+        assert t.entries_heap_bytes() < 12_000 * ROW_DTYPE.itemsize // 4   # (the etype bytes, the recent keys)
+        mapped = s.health()["memory_estimate"]["store_entries_bytes"]   # (and the id maps, the request ids)
+        for i in range(100):
+            write(s, "s-new", f"past the base {i}")
+        grown = s.health()["memory_estimate"]["store_entries_bytes"]
+        assert grown - mapped >= 100 * ROW_DTYPE.itemsize
+    finally:
+        s.close()
+    s = Store.open(replay_copy(d, str(tmp_path / "replayed")))   # (a replay holds every row on the heap)
+    try:
+        assert s.table.nbase == 0 and s.table.entries_heap_bytes() >= 12_100 * ROW_DTYPE.itemsize
+    finally:
+        s.close()
