@@ -205,19 +205,22 @@ REBASE_FREE_STEP = 16 << 20
 # its rows use (at least 1 MiB of tool_call_ids, 1,024 sessions)
 OWN_NUMBERING = "own_numbering"
 OWN_WASTE_MAX = 1
-# A base lies in the file as the rows do in the table — one a seq, from its first live seq to its last — so
+# A base lies in the file as the rows do in the table — one a seq, from seq 0 to its last live one — so
 # that a start maps it, and the daemon that wrote it maps it in place of its rows, instead of copying
-# every row to the heap (430 MB at five million events): the seqs deleted between them are written as
-# dead rows (etype 0, every byte zero). Before this, a single deleted message had every later start copy
-# the rows. A base carries at most this many dead rows a live one (beyond that it lists the live ones
+# every row to the heap (430 MB at five million events): the seqs deleted before and between the live ones
+# (and seq 0, never used) are written as dead rows (etype 0, every byte zero). Before this, one message
+# deleted between two others had every later start copy the rows; and a base of live seqs from the first
+# one on can only be mapped where the bytes before its rows section (the head, the seqs) are at least its
+# first seq's rows (the mapping begins that far before it): a store whose oldest ~10% were deleted was
+# copied too. A base carries at most this many dead rows a live one (beyond that it lists the live ones
 # only, and a start copies them: a store mostly deleted).
 BASE_HOLES_MAX = 1
 
 
-def holes_fit(live: int, first: int, end: int) -> bool:
-    """Whether a base of ``live`` rows whose seqs run from ``first`` to ``end`` (excluded) is written with
-    the dead seqs between them (BASE_HOLES_MAX)."""
-    return live > 0 and end - first - live <= BASE_HOLES_MAX * live
+def holes_fit(live: int, end: int) -> bool:
+    """Whether a base of ``live`` rows, the last of seq ``end - 1``, is written with the dead seqs before
+    and between them (BASE_HOLES_MAX)."""
+    return live > 0 and end - live <= BASE_HOLES_MAX * live
 
 
 class MessageTable:
@@ -663,8 +666,8 @@ class MessageTable:
         the same in any process; the rarer fields as [seq, value] pairs. ``locs`` / ``rec_sizes``
         (a compaction's): the texts' locations and record sizes in a new log, by position in ``seqs``.
 
-        ``holes`` (a base): the dead seqs between the first and the last of ``seqs`` are written too, as
-        dead rows (every byte zero), where ``holes_fit`` (BASE_HOLES_MAX says why).
+        ``holes`` (a base): the dead seqs from 0 to the last of ``seqs`` are written too, as dead rows
+        (every byte zero), where ``holes_fit`` (BASE_HOLES_MAX says why).
 
         ``own`` (a base of every row, ``rebase_span`` not None): where ``_own_numbering_fits``, the tables
         are this table's whole ones and the rows' bytes exactly this table's, the head's first entry
@@ -675,8 +678,8 @@ class MessageTable:
         if len(seqs) and (seqs.min() < 0 or seqs.max() >= len(self.etype)):
             raise ValueError("a row segment can only hold live rows")
         n_live = len(seqs)
-        if holes and n_live and holes_fit(n_live, int(seqs[0]), int(seqs[-1]) + 1):
-            seqs = np.arange(int(seqs[0]), int(seqs[-1]) + 1, dtype=np.int64)
+        if holes and n_live and holes_fit(n_live, int(seqs[-1]) + 1):
+            seqs = np.arange(int(seqs[-1]) + 1, dtype=np.int64)
         rows = self._gather(seqs, dtype=_RECORD).view(ROW_DTYPE)   # a copy
         etype = np.frombuffer(self.etype, np.uint8)[seqs]
         live = etype != 0
@@ -775,14 +778,14 @@ class MessageTable:
     # mapping in place of the rows below its end and keeps only the rows above it.
 
     def live_span(self) -> tuple[int, int] | None:
-        """(first, end) of the live seqs when a base of them lies as the rows do (the dead seqs between them
-        within BASE_HOLES_MAX: ``holes_fit``); None if not, or none is live."""
+        """(0, end) — ``end`` past the last live seq — when a base of the live rows lies as the rows do
+        (the dead seqs before and between them within BASE_HOLES_MAX: ``holes_fit``); None if not, or
+        none is live."""
         if not self.count:
             return None
         alive = np.frombuffer(self.etype, np.uint8) != 0
-        first = int(alive.argmax())   # (the first True)
         end = len(alive) - int(alive[::-1].argmax())
-        return (first, end) if holes_fit(self.count, first, end) else None
+        return (0, end) if holes_fit(self.count, end) else None
 
     def base_rows(self) -> int:
         """How many rows a base of the table holds (``segment_columns(holes=True)`` of the live seqs):
@@ -1007,8 +1010,8 @@ class MessageTable:
                 if len(rows) != len(seqs) or len(etype) != len(seqs):
                     raise ValueError("a row segment's columns differ in length")
                 live = None if etype.all() else etype != 0
-                if live is not None:   # only a base lying as the rows do holds dead rows: zeros, between live ones
-                    if i or not (live[0] and live[-1]) or seqs[-1] - seqs[0] + 1 != len(seqs) \
+                if live is not None:   # only a base lying as the rows do holds dead rows: zeros, before its last live one
+                    if i or not live[-1] or seqs[-1] - seqs[0] + 1 != len(seqs) \
                             or rows.view(np.uint8).reshape(-1, _ROW_SIZE)[~live].any():
                         raise ValueError("a row segment holds a dead row")
                 maps = {"session": [0, *(self._sid_number(sid) for sid in cols["sids"])],

@@ -131,7 +131,7 @@ def test_a_compaction_of_a_store_that_deleted_writes_a_base_the_next_start_maps(
         assert compaction.rebuild(s)["status"] == "OK"
         while s.relocate_step(4096):
             pass
-        assert s.row_segments[0][1] == 300   # (seqs 1 to 300, ten of them dead)
+        assert s.row_segments[0][1] == 301   # (seqs 0 to 300: 0, never used, and ten of them dead)
         write(s, "s-after", "after the rebuild")
         assert s.write_snapshot()   # a delta after the rebuild's base
         expected = live_state(s)
@@ -345,5 +345,29 @@ def test_health_counts_the_rows_on_the_heap_not_those_a_base_maps(tmp_path):
     s = Store.open(replay_copy(d, str(tmp_path / "replayed")))   # (a replay holds every row on the heap)
     try:
         assert s.table.nbase == 0 and s.table.entries_heap_bytes() >= 12_100 * ROW_DTYPE.itemsize
+    finally:
+        s.close()
+
+
+def test_a_base_of_a_store_whose_oldest_messages_were_deleted_is_mapped(tmp_path):
+    """The oldest quarter deleted (a retention policy's way): the base's rows still run from seq 0, the
+    deleted ones dead rows, so a start maps them. (A base from its first live seq on could only be
+    mapped where the bytes before its rows were at least that seq's rows: ~10% of a store deleted first
+    had every start copy the rest.)"""
+    d, ids = _store(tmp_path, n=4000)
+    s = Store.open(d)
+    try:
+        for mid in ids[:1000]:
+            delete(s, mid)
+        s.rows_legacy = True   # (a base now)
+        assert s.write_snapshot() and s.row_segments[0][1] == 4001
+        state = live_state(s)
+    finally:
+        s.close()
+    s = Store.open(d)
+    try:
+        t = s.table
+        assert t._base_map is not None and t.nbase == 4001 and len(t.rows) == 0 and t.count == 3000
+        assert live_state(s) == state
     finally:
         s.close()
