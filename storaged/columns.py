@@ -333,12 +333,14 @@ class MessageTable:
             self._gen0_current = False
         self.sources[self.generation] = src
 
-    def relocated(self) -> None:
-        """Every live row reads the current source now (a compaction's relocation is over, each row
-        rewritten: all of them on the heap, 430 MB at five million events): generation 0 names it too,
-        so that a base written of the rows (whose codes' top byte is zero on disk) can be mapped in their
-        place (``rebase_span``). Before, the rows stayed on the heap until a restart."""
-        self.sources[0] = self.sources[self.generation]
+    def relocated(self, src: LogText) -> None:
+        """Every live row reads ``src`` now (a compaction's relocation is over, each row rewritten: all of
+        them on the heap, 430 MB at five million events): generation 0 names it too, so that a base
+        written of the rows (whose codes' top byte is zero on disk) can be mapped in their place
+        (``rebase_span``). Before, the rows stayed on the heap until a restart. (``src`` is given: with
+        no live row to move, nothing made it a generation yet.)"""
+        self.set_source(src)
+        self.sources[0] = src
         self._gen0_current = True
 
     def source_of(self, seq: int) -> LogText:
@@ -688,19 +690,21 @@ class MessageTable:
         dead = None if n_live == len(seqs) else ~live
         if dead is not None:   # (what a deleted message's row held is not written again)
             rows.view(np.uint8).reshape(-1, _ROW_SIZE)[dead] = 0
-        written = rows if dead is None else rows[live]   # (a copy, put back below)
         if locs is not None:
-            written["rec_pos"] = [loc >> _SHIFT for loc in locs]
-            written["text_low"] = [loc & _LOW for loc in locs]
-            written["rec_size"] = np.asarray(rec_sizes, np.uint32)
-        own = own and locs is None and self._own_numbering_fits(seqs, written)
-        written["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
+            at = slice(None) if dead is None else np.flatnonzero(live)
+            rows["rec_pos"][at] = [loc >> _SHIFT for loc in locs]
+            rows["text_low"][at] = [loc & _LOW for loc in locs]
+            rows["rec_size"][at] = np.asarray(rec_sizes, np.uint32)
+        rows["codes"] &= np.uint32(0xFFFFFF)   # the source generation is this process's own
+        own = own and locs is None and self._own_numbering_fits(seqs, rows)
         if own:   # the tables whole, the rows as they lie here (but for that top byte: see ``relocated``)
             sids, tagsets, tools, exts = list(self.sids), self.tagsets.values, self.tools.values, self.exts.values
             tcid = bytes(self.tcid_bytes)
-        else:
+        elif dead is None:
+            sids, tagsets, tools, exts, tcid = self._renumbered(rows)
+        else:   # the live rows alone (a copy, put back): a dead row's zeros number nothing
+            written = rows[live]
             sids, tagsets, tools, exts, tcid = self._renumbered(written)
-        if dead is not None:
             rows[live] = written
         canonical = self._canonical(seqs) & live
         ids = rows.view(np.uint8).reshape(-1, _ROW_SIZE)[:, :ID_RAW]
@@ -755,7 +759,7 @@ class MessageTable:
         return sids, tables["tags"], tables["tool"], exts, b"".join(pieces)
 
     def _own_numbering_fits(self, seqs: np.ndarray, rows: np.ndarray) -> bool:
-        """Whether a base of ``rows`` (the live ones of ``seqs``) may be written in the table's own
+        """Whether a base of ``rows`` (of ``seqs``; a dead one all zeros) may be written in the table's own
         numbering: every live row, lying as the rows do (``rebase_span``), reading the source generation 0
         names, and the whole tables holding no more that no row uses than
         OWN_WASTE_MAX allows (tool_call_ids that updates replaced, sessions whose messages were deleted:
@@ -764,7 +768,7 @@ class MessageTable:
             return False
         tcid = rows["tcid"]
         live_tcid = int((tcid[tcid != np.uint64(_NO_STR)] & np.uint64(_STR_LEN_MASK)).sum(dtype=np.uint64))
-        used_sids = int(np.count_nonzero(np.bincount(rows["session"], minlength=len(self.sids) + 1)))
+        used_sids = int(np.count_nonzero(np.bincount(rows["session"], minlength=len(self.sids) + 1)[1:]))
         return (len(self.tcid_bytes) - live_tcid <= OWN_WASTE_MAX * max(live_tcid, 1 << 20)
                 and len(self.sids) - used_sids <= OWN_WASTE_MAX * max(used_sids, 1024))
 
@@ -796,8 +800,10 @@ class MessageTable:
     def rebase_span(self) -> tuple[int, int] | None:
         """(first, end) of the live seqs when a base of them can be mapped in place of the rows: it lies as
         the rows do (``live_span``) and generation 0 names the source they read (no compaction's
-        relocation is under way: ``relocated``)."""
-        return self.live_span() if self._gen0_current else None
+        relocation is under way: ``relocated``), and it reaches past the base mapped now (the newest
+        messages deleted: a base ending below it cannot take its place; the next one will)."""
+        span = self.live_span() if self._gen0_current else None
+        return span if span is not None and span[1] >= self.nbase else None
 
     def rebase_track(self, end: int) -> None:
         """Note from now on the seqs below ``end`` whose rows are written (a base of them is being
@@ -1011,7 +1017,7 @@ class MessageTable:
                     raise ValueError("a row segment's columns differ in length")
                 live = None if etype.all() else etype != 0
                 if live is not None:   # only a base lying as the rows do holds dead rows: zeros, before its last live one
-                    if i or not live[-1] or seqs[-1] - seqs[0] + 1 != len(seqs) \
+                    if i or not live[-1] or seqs[0] != 0 or seqs[-1] + 1 != len(seqs) \
                             or rows.view(np.uint8).reshape(-1, _ROW_SIZE)[~live].any():
                         raise ValueError("a row segment holds a dead row")
                 maps = {"session": [0, *(self._sid_number(sid) for sid in cols["sids"])],
@@ -1064,7 +1070,7 @@ class MessageTable:
                 else:
                     _place(base, tail, self.nbase, at, rows.view(_RECORD))
                 alive[at] = etype
-                owner[at] = i
+                owner[at] = i if live is None else np.where(live, i, -1)   # (a dead row's seq owns no entry)
                 if dead:
                     dead_seqs = np.asarray(dead, np.int64)
                     alive[dead_seqs] = 0
@@ -1261,11 +1267,13 @@ class MessageTable:
         """The rows, their etype bytes and the id keys this process holds on its heap: health's
         store_entries_bytes. The base a start or a rebase maps, and its id keys, are the page cache's
         (the kernel lets them go under pressure, and the daemon lets go of what it read), not counted —
-        a count of rows times their size said 430 MB at five million events where the heap held none."""
+        a count of rows times their size said 430 MB at five million events where the heap held none.
+        (Nor are a mapped base's pages a change made private, which only /proc tells: the rows a
+        relocation rewrote, until a base takes their place.)"""
         keys = self.keys.nbytes + self.key_seqs.nbytes
         if self._keys_file is None:
             keys += self.base_keys.nbytes + self.base_key_seqs.nbytes
-        return len(self.rows) + len(self.etype) + keys
+        return len(self.rows) + sum(map(len, self._rows_retired)) + len(self.etype) + keys
 
     def memory_bytes(self) -> int:
         # (the mapped base and id keys are the page cache's, not counted)

@@ -719,7 +719,7 @@ class Server:
             self._reap_snapshot_child(block=False)
             return
         store = self.store
-        if not self.snapshot_every_records or store.rebuilding or not store.snapshot_due():
+        if not self.snapshot_every_records or store.rebuilding or not (store.snapshot_due() or store.rebase_due()):
             return
         if self.snapshot_failures and time.monotonic() < self.snapshot_retry_at:
             return
@@ -738,7 +738,7 @@ class Server:
         # import queued them), and it has: the next start should find them indexed
         index_caught_up = not store.unindexed and store.snapshot_unindexed >= min(self.snapshot_every_records,
                                                                                    INDEXED_SINCE_SNAPSHOT)
-        if not (log_grew or index_caught_up or store.search_flush_due() or store.base_due()):
+        if not (log_grew or index_caught_up or store.search_flush_due() or store.base_due() or store.rebase_due()):
             return
         tmp = store.snapshot_path + layout.BACKGROUND_SUFFIX
         pos = store.writer.size

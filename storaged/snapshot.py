@@ -444,14 +444,18 @@ class Reader:
         return self.row_segments is not None and any(s._file.version != ROWS_VERSION for s in self.segments)
 
     def base_gapped(self) -> bool:
-        """The base lists its live rows only, with a gap between them: written before bases held their
-        dead rows (docs/format.md §4.1), or of a store mostly deleted. A start copies its rows."""
+        """The base lists its live rows only, with a gap before or between them (its first seq past 1:
+        the store never uses seq 0): written before bases held their dead rows (docs/format.md §4.1), or
+        of a store mostly deleted. A start copies its rows (or, for a gap before them alone, maps them
+        only while the bytes before its rows section cover the first seq's rows)."""
         if not self.segments or self.segments[0].columns is None:
             return False
         seqs = self.segments[0].columns["seqs"]
         n = len(seqs) // 8
-        return n > 1 and (int.from_bytes(seqs[8 * (n - 1):8 * n], "little")
-                          - int.from_bytes(seqs[:8], "little") + 1 != n)
+        if not n:
+            return False
+        first, last = int.from_bytes(seqs[:8], "little"), int.from_bytes(seqs[8 * (n - 1):8 * n], "little")
+        return first > 1 or last - first + 1 != n
 
     def _rows_checked(self) -> None:
         """Wait for the row segments' checksums (begun at open, on other threads); SnapshotInvalid if

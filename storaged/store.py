@@ -239,10 +239,13 @@ class Store:
         # millions of messages would fill them for nothing), from the first plan or loaded row segments on
         self.rows_tracked = False
         # the row segments on disk include one of an earlier version, or a tail without the sessions' hot
-        # fields, or a base of live rows with a gap between them; or a compaction's relocation rewrote every
-        # row (on the heap since): the next snapshot writes a base of the current version, lying as the
-        # rows do (which a start, or this process, maps in place of the rows)
+        # fields, or a base of live rows with a gap before or between them: the next snapshot writes a base
+        # of the current version, lying as the rows do (which a start maps)
         self.rows_legacy = False
+        # a compaction's relocation rewrote every row (on the heap since): the next background snapshot
+        # writes a base, which this process maps in their place (``rebase_due``; a stop's does not: it
+        # would rewrite every row the rebuild's base already holds, and map nothing)
+        self.rows_relocated = False
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
         self.group_commit = False
@@ -1241,9 +1244,17 @@ class Store:
         (SearchIndex.flush_due), or a base of the rows is due (``base_due``: rows of an earlier
         version, which every start would convert again, or deltas a stop left in its place), or a
         packed ext was read again from the log (extfiles.py: every start would read it again)."""
-        return self.writer is not None and not self.corrupt and not self.broken and self.relocation is None and (
+        return self._can_snapshot() and (
             self.snapshot_pos != self.writer.size or len(self.unindexed) < self.snapshot_unindexed
             or self.search_flush_due() or self.base_due() or bool(self.table.ext_files.repaired))
+
+    def _can_snapshot(self) -> bool:
+        return self.writer is not None and not self.corrupt and not self.broken and self.relocation is None
+
+    def rebase_due(self) -> bool:
+        """A background snapshot should write a base that takes the place of rows a compaction's
+        relocation rewrote (``rows_relocated``), and one can (``MessageTable.rebase_span``)."""
+        return self.rows_relocated and self._can_snapshot() and self.table.rebase_span() is not None
 
     def base_due(self, more: int = 0) -> bool:
         """The next snapshot should write a base: the row segments include one of an earlier version or
@@ -1279,7 +1290,8 @@ class Store:
         segments = self.row_segments
         seqs = sorted(seq for seq in changed if seq in self.by_seq)
         # a delta's weight at start: its rows, and its dead seqs, each dropping a row of the base
-        base = segments is None or not base_later and self.base_due(len(seqs) + len(deleted))
+        base = segments is None or not base_later and (self.base_due(len(seqs) + len(deleted))
+                                                        or not inline and self.rebase_due())
         dead = [] if base else sorted(deleted)
         span = None
         if base:
@@ -1357,7 +1369,7 @@ class Store:
         self.snapshot_pos = pos
         self.row_segments = [list(entry) for entry in plan.rows_after]
         if plan.rows_base:
-            self.rows_legacy = False
+            self.rows_legacy = self.rows_relocated = False
         catchup = [plan.catchup_name] if plan.catchup_name is not None and self.io.exists(
             os.path.join(self.dir, plan.catchup_name)) else []
         self.snapshot_segments = [*plan.index_names, *catchup, *(entry[0] for entry in plan.rows_after)]
@@ -1560,8 +1572,8 @@ class Store:
         self.relocation = None
         # every row was rewritten (each a private copy of the mapped base's page, or on the heap): the next
         # background snapshot writes a base of them that takes their place (MessageTable.relocated)
-        self.table.relocated()
-        self.rows_legacy = True
+        self.table.relocated(src)
+        self.rows_relocated = True
         if r.old_fd is not None:
             r.old.close()  # not the last descriptor: frees nothing
             self.io.release_fd(r.old_fd)

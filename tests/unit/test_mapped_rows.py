@@ -296,19 +296,23 @@ def test_the_id_keys_file_is_kept_from_cuts_while_they_are_mapped_merges_include
         s.close()
 
 
-def test_a_gapped_base_of_an_earlier_release_is_written_again_lying_as_the_rows_do(tmp_path, monkeypatch):
-    """A base an earlier release wrote of the live rows only (a gap where a message was deleted): the
-    start copies its rows, and the store is due a base at once (``base_due``), which holds the dead row,
-    so the start after maps it."""
+@pytest.mark.parametrize("n, deleted, rows", [(300, slice(100, 101), 299), (4000, slice(0, 1000), 3000)],
+                         ids=["one in the middle", "the oldest quarter"])
+def test_a_gapped_base_of_an_earlier_release_is_written_again_lying_as_the_rows_do(tmp_path, monkeypatch, n,
+                                                                                   deleted, rows):
+    """A base an earlier release wrote of the live rows only — a gap where a message was deleted, or its
+    first seq too far in for its rows to be mapped: the start copies its rows, and the store is due a
+    base at once (``base_due``), which holds the dead rows, so the start after maps it."""
     from storaged import columns
 
-    d = str(tmp_path / "d")
+    d, ids = _store(tmp_path, n=n)
     s = Store.open(d)
-    ids = [write(s, f"s{i % 7}", f"message {i} of an earlier release")["message"]["message_id"] for i in range(300)]
-    delete(s, ids[100])
+    for mid in ids[deleted]:
+        delete(s, mid)
+    s.rows_legacy = True   # (a base now)
     with monkeypatch.context() as m:
         m.setattr(columns, "BASE_HOLES_MAX", -1)   # (as the earlier release wrote it: live rows only)
-        assert s.write_snapshot()
+        assert s.write_snapshot() and s.row_segments[0][1] == rows
     state = live_state(s)
     s.close()
     s = Store.open(d)
@@ -369,5 +373,30 @@ def test_a_base_of_a_store_whose_oldest_messages_were_deleted_is_mapped(tmp_path
         t = s.table
         assert t._base_map is not None and t.nbase == 4001 and len(t.rows) == 0 and t.count == 3000
         assert live_state(s) == state
+    finally:
+        s.close()
+
+
+def test_a_sparse_entry_at_a_base_s_dead_row_is_not_loaded(tmp_path):
+    """A dead row owns no sparse entry: one at its seq (only a writer's bug would put it there) is not
+    loaded as the seq's summary."""
+    from storaged import snapshot
+    from storaged.fileio import FileIO
+
+    d, ids = _store(tmp_path, delete_one=True)
+    s = Store.open(d)
+    state = live_state(s)
+    t = s.table
+    dead = int(np.flatnonzero(np.frombuffer(t.etype, np.uint8) == 0)[-1])
+    name = s.row_segments[0][0]
+    columns = t.segment_columns(t.live_seqs(), holes=True)
+    columns["summary"] = sorted([*columns["summary"], [dead, "a ghost"]])
+    metas, checkpoints = s.session_meta_entries(packed=True), s.ingest.dump(packed=True)
+    s.close()
+    os.remove(os.path.join(d, name))
+    snapshot.write_row_columns(FileIO(), os.path.join(d, name), columns, (), metas, checkpoints)
+    s = Store.open(d)
+    try:
+        assert s.snapshot_valid and dead not in s.table.summary and live_state(s) == state
     finally:
         s.close()

@@ -522,13 +522,14 @@ def test_after_a_compaction_s_relocation_a_base_takes_the_place_of_the_rows_it_r
         assert s.relocate_step(100) and s.table.rebase_span() is None   # (rows still to move read the old log)
         while s.relocate_step(500):
             pass
-        assert s.table.generation and s.table.rebase_span() is not None and s.base_due()
+        assert s.table.generation and s.table.rebase_span() is not None and s.rebase_due()
+        assert not s.base_due()   # (a stop's inline snapshot writes no base for it: it would map nothing)
         plan = s.plan_snapshot()
         assert plan.rows_base and plan.rebase is not None
         _installed(s, plan, lambda: update(s, ids[3], content="changed after the fork"))
         _checked(s)
         t = s.table
-        assert t._rows_file == plan.rows_name and t.nbase == plan.rebase[1] and not s.base_due()
+        assert t._rows_file == plan.rows_name and t.nbase == plan.rebase[1] and not s.rebase_due()
         state = live_state(s)
         assert state == _replayed(d, tmp_path)
         assert compaction.rebuild(s)["status"] == "OK"   # the mapped rows (generation 0) move in their turn
@@ -543,5 +544,48 @@ def test_after_a_compaction_s_relocation_a_base_takes_the_place_of_the_rows_it_r
     s = Store.open(d)
     try:
         assert live_state(s) == state
+    finally:
+        s.close()
+
+
+def test_a_stop_right_after_a_rebuild_writes_no_base(tmp_path):
+    """The rows a relocation rewrote are left to the next background snapshot (``rebase_due``): a stop's
+    inline snapshot would rewrite every row the rebuild's own base already holds, and map nothing."""
+    from storaged import compaction
+
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 300)
+    try:
+        assert compaction.rebuild(s)["status"] == "OK"
+        rows = [entry[0] for entry in s.row_segments]
+        s.write_snapshot()   # (the relocation ends in it)
+        assert s.rows_relocated and [entry[0] for entry in s.row_segments][:1] == rows[:1]
+    finally:
+        s.close()
+
+
+def test_a_rebuild_of_a_store_with_nothing_live_still_lets_a_later_base_take_the_rows_place(tmp_path):
+    """No live message to move: the relocation ends without the new log ever becoming a generation;
+    ``relocated`` makes it one (it was left naming the old log, and no base was mapped in place again)."""
+    from storaged import compaction
+
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 50)
+    try:
+        for mid in ids:
+            delete(s, mid)
+        assert compaction.rebuild(s)["status"] == "OK"
+        while s.relocate_step(100):
+            pass
+        new = [write(s, "s-after", f"after the empty rebuild {i}")["message"]["message_id"] for i in range(200)]
+        assert s.table.rebase_span() is not None
+        plan = s.plan_snapshot()
+        assert plan.rows_base and plan.rebase is not None
+        _installed(s, plan)
+        _checked(s)
+        assert s.table._rows_file == plan.rows_name
+        assert all(s.table.seq_of(mid) is not None for mid in new)
+        state = live_state(s)
+        assert state == _replayed(d, tmp_path)
     finally:
         s.close()
