@@ -1531,7 +1531,7 @@ def rows_from_columns(cols: dict[str, Any]) -> list[list[Any]]:
     rows = []
     for i, (raw, number, ts, upd, rev, importance, rec_pos, low, rec_size, tcid, tags, tool, ext,
             codes) in enumerate(_ROW.iter_unpack(array.tobytes())):
-        if not etypes[i]:   # (a base's dead row: a seq deleted between its live ones)
+        if not etypes[i]:   # (a base's dead row: a seq deleted before or between its live ones)
             continue
         seq = seqs[i]
         if importance == _IMP_WIDE:

@@ -65,7 +65,7 @@ class Prepared:
     rids: OrderedDict                   # the request-id window written to the new log (Store.rids' form)
     seqs: Sequence[int]                 # the seqs of the messages written, in that order (Store.relocate_step moves them)
     rows_name: str                      # the row segment (a base) the new snapshot names
-    base_rows: int                      # ... and its rows (dead ones between the live ones included)
+    base_rows: int                      # ... and its rows (its dead ones included)
 
 
 def prepare(store: Store, pause=lambda: None) -> Prepared:

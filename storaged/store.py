@@ -242,9 +242,9 @@ class Store:
         # fields, or a base of live rows with a gap before or between them: the next snapshot writes a base
         # of the current version, lying as the rows do (which a start maps)
         self.rows_legacy = False
-        # a compaction's relocation rewrote every row (on the heap since): the next background snapshot
-        # writes a base, which this process maps in their place (``rebase_due``; a stop's does not: it
-        # would rewrite every row the rebuild's base already holds, and map nothing)
+        # a compaction's relocation rewrote every row (on the heap since), and a base of them can be mapped
+        # in their place (decided once, as it ends): the next background snapshot writes one (``rebase_due``;
+        # a stop's does not: it would rewrite every row the rebuild's base already holds, and map nothing)
         self.rows_relocated = False
         # Group commit (set by the server for a batch of requests): appends skip their fdatasync and
         # the server syncs once before it sends any reply of the batch.
@@ -531,7 +531,7 @@ class Store:
         self._check_index_docs()
         # row segments of an earlier release (version 1: rows one by one; 2: converted): the next
         # snapshot writes a base of the current version, so that the next start only copies it in; and a
-        # base of live rows with a gap between them that could lie as the rows do (its dead rows written:
+        # base of live rows with a gap before or between them that could lie as the rows do (its dead rows written:
         # an earlier release's, which this start copied), so that the next start maps it
         self.rows_legacy = reader.rows_outdated() or hotless > 0 or (
             reader.base_gapped() and self.table.live_span() is not None)
@@ -1253,8 +1253,9 @@ class Store:
 
     def rebase_due(self) -> bool:
         """A background snapshot should write a base that takes the place of rows a compaction's
-        relocation rewrote (``rows_relocated``), and one can (``MessageTable.rebase_span``)."""
-        return self.rows_relocated and self._can_snapshot() and self.table.rebase_span() is not None
+        relocation rewrote (``rows_relocated``). Asked at every turn of the request loop: a flag, not a
+        scan of the rows' liveness (``rebase_span``, a few ms at five million events)."""
+        return self.rows_relocated and self._can_snapshot()
 
     def base_due(self, more: int = 0) -> bool:
         """The next snapshot should write a base: the row segments include one of an earlier version or
@@ -1296,7 +1297,7 @@ class Store:
         span = None
         if base:
             name = snapshot.rows_name()
-            rows_after = [[name, self.table.base_rows(), 0]]   # (dead rows between live ones included)
+            rows_after = [[name, self.table.base_rows(), 0]]   # (its dead rows included)
             seqs = []
             # a background child's base is written so that this process can map it in place of its rows
             # (not an inline one's: this process is about to stop, or to start serving from the file)
@@ -1573,7 +1574,7 @@ class Store:
         # every row was rewritten (each a private copy of the mapped base's page, or on the heap): the next
         # background snapshot writes a base of them that takes their place (MessageTable.relocated)
         self.table.relocated(src)
-        self.rows_relocated = True
+        self.rows_relocated = self.table.rebase_span() is not None   # (not a store mostly deleted)
         if r.old_fd is not None:
             r.old.close()  # not the last descriptor: frees nothing
             self.io.release_fd(r.old_fd)
