@@ -15,7 +15,7 @@ import pytest
 from storaged.columns import ROW_DTYPE
 from storaged.store import Store
 from tests.support.faultio import delete, live_state, update, write
-from tests.support.replayed import replay_copy
+from tests.support.replayed import opened, replay_copy
 
 pytestmark = pytest.mark.unit
 
@@ -123,8 +123,7 @@ def test_a_compaction_of_a_store_that_deleted_writes_a_base_the_next_start_maps(
     from storaged import compaction
 
     d, ids = _store(tmp_path)
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         for mid in ids[10:60:5]:
             delete(s, mid)
         expected = live_state(s)
@@ -135,22 +134,16 @@ def test_a_compaction_of_a_store_that_deleted_writes_a_base_the_next_start_maps(
         write(s, "s-after", "after the rebuild")
         assert s.write_snapshot()   # a delta after the rebuild's base
         expected = live_state(s)
-    finally:
-        s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         assert s.snapshot_valid and s.scan_result.records == 0
         assert s.table._base_map is not None and live_state(s) == expected
-    finally:
-        s.close()
 
 
 def test_a_base_with_a_gap_lies_as_the_rows_do_and_is_mapped(tmp_path):
     """A message deleted between live ones: the base holds its seq as a dead row of zeros, so a start
     maps it as it maps any base (it used to copy every row to the heap), and reads as a replay."""
     d, ids = _store(tmp_path, delete_one=True)
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         t = s.table
         assert t.nbase == len(t.etype) and t._base_map is not None and len(t.rows) == 0
         assert t.count == 299 and t.seq_of(ids[150]) is None
@@ -161,13 +154,8 @@ def test_a_base_with_a_gap_lies_as_the_rows_do_and_is_mapped(tmp_path):
         write(s, "s-late", "after the start")
         assert s.write_snapshot()   # (a delta after the base)
         state = live_state(s)
-    finally:
-        s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         assert s.table._base_map is not None and live_state(s) == state
-    finally:
-        s.close()
 
 
 def test_a_base_mostly_deleted_lists_its_live_rows_and_is_copied(tmp_path):
@@ -181,12 +169,9 @@ def test_a_base_mostly_deleted_lists_its_live_rows_and_is_copied(tmp_path):
     assert s.table.live_span() is None and s.table.base_rows() == 21
     assert s.write_snapshot()
     s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         assert s.table.nbase == 0 and s.table._base_map is None and s.table.count == 21
         assert live_state(s) == _replayed(d, tmp_path)
-    finally:
-        s.close()
 
 
 def test_a_file_that_is_not_the_one_read_is_not_mapped(tmp_path):
@@ -283,8 +268,7 @@ def test_the_id_keys_file_is_kept_from_cuts_while_they_are_mapped_merges_include
     from storaged import columns
 
     d, ids = _store(tmp_path, delete_one=True)
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         t = s.table
         assert not t.base_keys.flags.writeable and t.mapped_names() == set(_digests(d))
         monkeypatch.setattr(columns, "RECENT_MAX", 4)
@@ -292,8 +276,6 @@ def test_the_id_keys_file_is_kept_from_cuts_while_they_are_mapped_merges_include
         assert not t.base_keys.flags.writeable and t.mapped_names() == set(_digests(d))
         assert len(t.keys) == 4 and t.keys.flags.writeable
         assert all(t.seq_of(mid) is not None for mid in new)
-    finally:
-        s.close()
 
 
 @pytest.mark.parametrize("n, deleted, rows", [(300, slice(100, 101), 299), (4000, slice(0, 1000), 3000)],
@@ -315,18 +297,12 @@ def test_a_gapped_base_of_an_earlier_release_is_written_again_lying_as_the_rows_
         assert s.write_snapshot() and s.row_segments[0][1] == rows
     state = live_state(s)
     s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         assert s.table._base_map is None and s.base_due() and s.snapshot_due()
         assert live_state(s) == state
         assert s.write_snapshot()
-    finally:
-        s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         assert s.table._base_map is not None and not s.base_due() and live_state(s) == state
-    finally:
-        s.close()
 
 
 def test_health_counts_the_rows_on_the_heap_not_those_a_base_maps(tmp_path):
@@ -334,8 +310,7 @@ def test_health_counts_the_rows_on_the_heap_not_those_a_base_maps(tmp_path):
     rows of a mapped base are the page cache's (a count of rows times their size said 430 MB at five
     million events where the heap held none), the rows written after it are counted."""
     d, ids = _store(tmp_path, n=12_000)   # (id keys over 1 MB: mapped too)
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         t = s.table
         assert t.nbase and len(t.rows) == 0 and t._keys_file is not None
         assert t.entries_heap_bytes() < 12_000 * ROW_DTYPE.itemsize // 4   # (the etype bytes, the recent keys)
@@ -344,8 +319,6 @@ def test_health_counts_the_rows_on_the_heap_not_those_a_base_maps(tmp_path):
             write(s, "s-new", f"past the base {i}")
         grown = s.health()["memory_estimate"]["store_entries_bytes"]
         assert grown - mapped >= 100 * ROW_DTYPE.itemsize
-    finally:
-        s.close()
     s = Store.open(replay_copy(d, str(tmp_path / "replayed")))   # (a replay holds every row on the heap)
     try:
         assert s.table.nbase == 0 and s.table.entries_heap_bytes() >= 12_100 * ROW_DTYPE.itemsize
@@ -359,22 +332,16 @@ def test_a_base_of_a_store_whose_oldest_messages_were_deleted_is_mapped(tmp_path
     mapped where the bytes before its rows were at least that seq's rows: ~10% of a store deleted first
     had every start copy the rest.)"""
     d, ids = _store(tmp_path, n=4000)
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         for mid in ids[:1000]:
             delete(s, mid)
         s.rows_legacy = True   # (a base now)
         assert s.write_snapshot() and s.row_segments[0][1] == 4001
         state = live_state(s)
-    finally:
-        s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         t = s.table
         assert t._base_map is not None and t.nbase == 4001 and len(t.rows) == 0 and t.count == 3000
         assert live_state(s) == state
-    finally:
-        s.close()
 
 
 def test_a_sparse_entry_at_a_base_s_dead_row_is_not_loaded(tmp_path):
@@ -395,8 +362,5 @@ def test_a_sparse_entry_at_a_base_s_dead_row_is_not_loaded(tmp_path):
     s.close()
     os.remove(os.path.join(d, name))
     snapshot.write_row_columns(FileIO(), os.path.join(d, name), columns, (), metas, checkpoints)
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         assert s.snapshot_valid and dead not in s.table.summary and live_state(s) == state
-    finally:
-        s.close()

@@ -16,7 +16,7 @@ from storaged import snapshot
 from storaged.columns import ROW_DTYPE
 from storaged.store import Store
 from tests.support.faultio import delete, live_state, update, write
-from tests.support.replayed import replay_copy
+from tests.support.replayed import opened, replay_copy
 
 pytestmark = pytest.mark.unit
 
@@ -185,11 +185,8 @@ def test_a_base_with_a_gap_takes_the_place_of_the_rows(tmp_path):
         assert state == _replayed(d, tmp_path)
     finally:
         s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         assert s.table._base_map is not None and live_state(s) == state
-    finally:
-        s.close()
 
 
 def test_rows_mostly_deleted_are_written_numbered_as_before(tmp_path):
@@ -209,11 +206,8 @@ def test_rows_mostly_deleted_are_written_numbered_as_before(tmp_path):
         state = live_state(s)
     finally:
         s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         assert live_state(s) == state
-    finally:
-        s.close()
 
 
 def test_an_abandoned_snapshot_stops_the_tracking(tmp_path):
@@ -261,8 +255,7 @@ def test_a_daemon_started_from_a_mapped_base_maps_the_next(tmp_path):
     s, ids = _filled(d, 1000)
     assert s.write_snapshot()
     s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         t = s.table
         old_end = t.nbase
         assert old_end and t._base_map is not None
@@ -275,8 +268,6 @@ def test_a_daemon_started_from_a_mapped_base_maps_the_next(tmp_path):
         _checked(s)
         assert t.nbase == plan.rebase[1] and t._rows_file == plan.rows_name
         assert live_state(s) == _replayed(d, tmp_path)
-    finally:
-        s.close()
 
 
 def test_the_pending_base_is_never_cut_under_its_mapping(tmp_path):
@@ -442,13 +433,10 @@ def test_a_start_keeps_the_base_id_keys_mapped_with_deleted_ids_in_them(tmp_path
         assert s.write_snapshot()   # (a delta after it)
     finally:
         s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         t = s.table
         assert t._keys_file is not None and not t.base_keys.flags.writeable and len(t.base_keys) == 12_000
         assert t.seq_of(ids[9]) is None and all(t.seq_of(mid) is not None for mid in ids[10:])
-    finally:
-        s.close()
 
 
 def test_the_check_lets_go_of_the_current_base_s_pages_it_reads(tmp_path):
@@ -462,8 +450,7 @@ def test_the_check_lets_go_of_the_current_base_s_pages_it_reads(tmp_path):
     s, _ = _filled(d, N)
     assert s.write_snapshot()
     s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         t = s.table
         old_end, old_path = t.nbase, os.path.join(d, t._rows_file)
         assert old_end and t._base_map is not None
@@ -480,8 +467,6 @@ def test_the_check_lets_go_of_the_current_base_s_pages_it_reads(tmp_path):
         _checked(s)
         assert t.nbase == plan.rebase[1]
         assert live_state(s) == _replayed(d, tmp_path)
-    finally:
-        s.close()
 
 
 def test_a_message_deleted_during_the_check_does_not_make_the_keys_differ(tmp_path):
@@ -541,11 +526,8 @@ def test_after_a_compaction_s_relocation_a_base_takes_the_place_of_the_rows_it_r
         assert s.write_snapshot()
     finally:
         s.close()
-    s = Store.open(d)
-    try:
+    with opened(d) as s:
         assert live_state(s) == state
-    finally:
-        s.close()
 
 
 def test_a_stop_right_after_a_rebuild_writes_no_base(tmp_path):
@@ -577,8 +559,10 @@ def test_a_rebuild_of_a_store_with_nothing_live_still_lets_a_later_base_take_the
         assert compaction.rebuild(s)["status"] == "OK"
         while s.relocate_step(100):
             pass
+        assert not s.rebase_due()   # (nothing was rewritten)
         new = [write(s, "s-after", f"after the empty rebuild {i}")["message"]["message_id"] for i in range(200)]
         assert s.table.rebase_span() is not None
+        s.rows_legacy = True   # (a base due, whatever the reason)
         plan = s.plan_snapshot()
         assert plan.rows_base and plan.rebase is not None
         _installed(s, plan)
@@ -587,5 +571,23 @@ def test_a_rebuild_of_a_store_with_nothing_live_still_lets_a_later_base_take_the
         assert all(s.table.seq_of(mid) is not None for mid in new)
         state = live_state(s)
         assert state == _replayed(d, tmp_path)
+    finally:
+        s.close()
+
+
+def test_a_rebuild_of_a_store_mostly_deleted_makes_no_base_due(tmp_path):
+    """Its rows cannot lie as the table's do (more dead than live): no base would be mapped in their place,
+    so none is due for the relocation — and the request loop asks a flag at each turn, not the rows."""
+    from storaged import compaction
+
+    d = str(tmp_path / "d")
+    s, ids = _filled(d, 300)
+    try:
+        for mid in ids[:200]:
+            delete(s, mid)
+        assert compaction.rebuild(s)["status"] == "OK"
+        while s.relocate_step(100):
+            pass
+        assert s.table.rebase_span() is None and not s.rows_relocated and not s.rebase_due()
     finally:
         s.close()
