@@ -95,7 +95,12 @@ from storaged.fileio import DROP_WINDOW_PAGES
 from storaged.filterbounds import FilteredBounds, accepted_row
 from storaged.segment import (Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name,
                               window_range as segment_window_range, write as segment_write)
-from storaged.tokenize import index_terms, query_runs
+from storaged.tokenize import index_terms, posting_items, query_runs
+
+try:   # storaged/postings.c, built at install where a C compiler is (pyproject.toml)
+    from convmem_postings import configure as _native_configure, post as _native_post
+except ImportError:
+    _native_post = None
 
 __all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex", "SegmentPlan"]
 
@@ -256,6 +261,8 @@ _DL_REP = [
 _SIZEOF_INT = sys.getsizeof(1 << 40)
 _SIZEOF_ARRAY = sys.getsizeof(array("I"))
 _SIZEOF_FLOAT = sys.getsizeof(1.5)
+if _native_post is not None:
+    _native_configure(_DL_EXACT, _TF_EXACT, _DL_BITS, _dl_bucket, _tf_bucket, array)
 
 
 def _impact_table(q: float, rows: int = 1 << _TF_BITS) -> list[float]:
@@ -1345,6 +1352,38 @@ class SearchIndex:
         self._live += 1
         vocab = self._vocab
         texts = (content, summary, "\n".join(tags) if tags else "")
+        if _native_post is not None:
+            self._post_native(slot, texts)
+        else:
+            self._post_python(slot, texts)
+        if self._unswept:
+            self._maintain()
+
+    def _post_native(self, slot: int, texts: tuple) -> None:
+        """add()'s postings through storaged/postings.c: _post_python's steps, word by word in C."""
+        vocab, new_tid = self._vocab, self._new_tid
+        for f, text in enumerate(texts):
+            if not text:
+                self._lens[f].append(0)
+                continue
+            items, word_terms, alnum_parts = posting_items(text)
+            n, single, arrays, posted, tq = _native_post(items, word_terms, alnum_parts, vocab, new_tid,
+                                                         self._slots[f], self._keys[f], self._maxtf[f], slot)
+            self._lens[f].append(n)
+            if not n:
+                continue
+            self._total_len[f] += n
+            self._nonempty[f] += 1
+            if tq > self._maxtf_all[f]:
+                self._maxtf_all[f] = tq
+            self._n_single += single
+            self._n_arrays += arrays
+            self._n_postings += posted
+
+    def _post_python(self, slot: int, texts: tuple) -> None:
+        """add()'s postings where the native builder was not built (no C compiler at install): the
+        definition that tests/unit/test_native_postings.py holds the native one to."""
+        vocab = self._vocab
         for f, text in enumerate(texts):
             terms = index_terms(text) if text else ()
             n = len(terms)
@@ -1387,8 +1426,6 @@ class SearchIndex:
             self._n_single += single
             self._n_arrays += arrays
             self._n_postings += posted
-        if self._unswept:
-            self._maintain()
 
     def remove(self, doc: int) -> None:
         slot = self._docmap.get(doc)

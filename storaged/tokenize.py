@@ -34,7 +34,7 @@ import threading
 import unicodedata
 from itertools import filterfalse
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import Stemmer
 
@@ -42,6 +42,7 @@ __all__ = [
     "STOP_WORDS",
     "QueryRun",
     "index_terms",
+    "posting_items",
     "normalize",
     "query_runs",
     "stem",
@@ -216,6 +217,16 @@ def index_terms(text: str) -> list[str]:
         else:
             out.extend([run[i : i + 2] for i in range(len(run) - 1)])
     return out
+
+
+def posting_items(text: str) -> tuple[list[str], dict | None, Callable[[str], tuple[str, ...]]]:
+    """``index_terms(text)`` as the search index's native posting builder takes it (storaged/postings.c):
+    for an ASCII text its words, with the word → term cache and the parts of a word mixing letters and
+    digits, which it applies to them in C as ``index_terms`` does in Python (the same terms in the same
+    order: tests/unit/test_native_postings.py); for any other text, its terms, with None."""
+    if text.isascii():   # NFKC and casefold keep it ASCII: index_terms's own path for it
+        return _ascii_words(_prepare(text)), _TERMS, _alnum_parts
+    return index_terms(text), None, _alnum_parts
 
 
 class QueryRun(NamedTuple):

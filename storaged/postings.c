@@ -1,0 +1,448 @@
+/* convmem_postings: one field of one doc into the search index's live posting lists, in C.
+ *
+ * Why: indexing is most of the daemon's CPU per imported event (bench/SPIKES.md, parts 17 and 19), and
+ * what SearchIndex.add did per word and per distinct term in Python (a dict lookup a word, a Counter, a
+ * posting append a distinct term: ~1 us each) was two thirds of it.  This does the same steps, in the
+ * same order, on the same Python objects: the term of a word is still the tokenizer's (its cache's
+ * lookup, and its own function on a miss), a new term still gets its id from SearchIndex._new_tid, and
+ * the lists are the same None | int | array('I') / array('H') the rest of search.py reads.  Nothing here
+ * decides what a term is: tests/unit/test_native_postings.py checks that an index built through it is
+ * the pure-Python one, list for list.
+ *
+ * Built as a top-level module (not storaged.convmem_postings) because the tests run from the source
+ * tree, whose storaged/ package would hide an extension installed inside it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+static PyObject *array_type;    /* array.array */
+static PyObject *dl_bucket_fn;  /* search._dl_bucket: lengths from dl_exact on */
+static PyObject *tf_bucket_fn;  /* search._tf_bucket: frequencies past tf_exact */
+static PyObject *array_append;  /* array.array.append, called without a method lookup */
+static long dl_exact = -1, tf_exact, dl_bits;
+
+/* A doc field's terms and their frequencies, in first-seen order (what collections.Counter iterates),
+ * keyed by the terms' values: two equal terms made by different stemmer calls are one. */
+typedef struct {
+    PyObject *term;  /* a strong reference */
+    Py_hash_t hash;
+    Py_ssize_t tf;
+} Entry;
+
+#define SMALL_ENTRIES 256
+
+typedef struct {
+    Py_ssize_t *index;  /* open addressing: entry number + 1, 0 empty */
+    Py_ssize_t mask;
+    Entry *entries;
+    Py_ssize_t n, cap, total;
+    Py_ssize_t small_index[SMALL_ENTRIES * 2];
+    Entry small_entries[SMALL_ENTRIES];
+} Counts;
+
+static void counts_init(Counts *c) {
+    c->index = c->small_index;
+    c->mask = SMALL_ENTRIES * 2 - 1;
+    memset(c->small_index, 0, sizeof(c->small_index));
+    c->entries = c->small_entries;
+    c->n = 0;
+    c->cap = SMALL_ENTRIES;
+    c->total = 0;
+}
+
+static void counts_free(Counts *c) {
+    for (Py_ssize_t i = 0; i < c->n; i++)
+        Py_DECREF(c->entries[i].term);
+    if (c->index != c->small_index)
+        PyMem_Free(c->index);
+    if (c->entries != c->small_entries)
+        PyMem_Free(c->entries);
+}
+
+static int counts_grow(Counts *c) {
+    Py_ssize_t cap = c->cap * 2, slots = cap * 2;
+    Entry *entries = PyMem_Malloc(cap * sizeof(Entry));
+    Py_ssize_t *index = PyMem_Calloc(slots, sizeof(Py_ssize_t));
+    if (entries == NULL || index == NULL) {
+        PyMem_Free(entries);
+        PyMem_Free(index);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(entries, c->entries, c->n * sizeof(Entry));
+    if (c->entries != c->small_entries)
+        PyMem_Free(c->entries);
+    if (c->index != c->small_index)
+        PyMem_Free(c->index);
+    c->entries = entries;
+    c->index = index;
+    c->cap = cap;
+    c->mask = slots - 1;
+    for (Py_ssize_t e = 0; e < c->n; e++) {
+        size_t i = (size_t)c->entries[e].hash & (size_t)c->mask;
+        while (index[i])
+            i = (i + 1) & (size_t)c->mask;
+        index[i] = e + 1;
+    }
+    return 0;
+}
+
+/* One occurrence of a term (a str). */
+static int counts_add(Counts *c, PyObject *term) {
+    if (!PyUnicode_Check(term)) {
+        PyErr_Format(PyExc_TypeError, "a term must be a str, not %.100s", Py_TYPE(term)->tp_name);
+        return -1;
+    }
+    Py_hash_t h = PyObject_Hash(term);
+    if (h == -1)
+        return -1;
+    size_t i = (size_t)h & (size_t)c->mask;
+    Py_ssize_t e;
+    while ((e = c->index[i]) != 0) {
+        Entry *en = &c->entries[e - 1];
+        if (en->term == term) {
+            en->tf++;
+            c->total++;
+            return 0;
+        }
+        if (en->hash == h) {
+            int eq = PyUnicode_Compare(en->term, term);
+            if (eq == -1 && PyErr_Occurred())
+                return -1;
+            if (eq == 0) {
+                en->tf++;
+                c->total++;
+                return 0;
+            }
+        }
+        i = (i + 1) & (size_t)c->mask;
+    }
+    if (c->n == c->cap) {
+        if (counts_grow(c) < 0)
+            return -1;
+        i = (size_t)h & (size_t)c->mask;
+        while (c->index[i])
+            i = (i + 1) & (size_t)c->mask;
+    }
+    Py_INCREF(term);
+    c->entries[c->n].term = term;
+    c->entries[c->n].hash = h;
+    c->entries[c->n].tf = 1;
+    c->n++;
+    c->index[i] = c->n;
+    c->total++;
+    return 0;
+}
+
+/* str.isalpha() / str.isdigit() of a word, as the tokenizer's filterfalse picks the words mixing
+ * letters and digits (and apostrophes). */
+static void word_kind(PyObject *w, int *alpha, int *digit, int *any_decimal) {
+    if (PyUnicode_IS_ASCII(w)) {   /* the words of an ASCII text: no call a character */
+        const unsigned char *c = PyUnicode_1BYTE_DATA(w);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(w), digits = 0, letters = 0;
+        for (Py_ssize_t k = 0; k < len; k++) {
+            unsigned char ch = c[k];
+            digits += ch >= '0' && ch <= '9';
+            letters += (ch | 0x20) >= 'a' && (ch | 0x20) <= 'z';
+        }
+        *alpha = len > 0 && letters == len;
+        *digit = len > 0 && digits == len;
+        *any_decimal = digits > 0;
+        return;
+    }
+    int kind = PyUnicode_KIND(w);
+    const void *data = PyUnicode_DATA(w);
+    Py_ssize_t len = PyUnicode_GET_LENGTH(w);
+    int a = len > 0, d = len > 0, dec = 0;
+    for (Py_ssize_t k = 0; k < len; k++) {
+        Py_UCS4 ch = PyUnicode_READ(kind, data, k);
+        if (!Py_UNICODE_ISALPHA(ch))
+            a = 0;
+        if (!Py_UNICODE_ISDIGIT(ch))
+            d = 0;
+        if (Py_UNICODE_ISDECIMAL(ch))
+            dec = 1;
+    }
+    *alpha = a;
+    *digit = d;
+    *any_decimal = dec;
+}
+
+/* The term of a word: the tokenizer's cache (a dict whose __missing__ computes and keeps it).  A new
+ * reference, Py_None for a word that indexes nothing, NULL on an error. */
+static PyObject *term_of_word(PyObject *terms, PyObject *word) {
+    PyObject *t = PyDict_GetItemWithError(terms, word);
+    if (t != NULL) {
+        Py_INCREF(t);
+        return t;
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    return PyObject_GetItem(terms, word);
+}
+
+static int count_words(Counts *c, PyObject *items, PyObject *terms, PyObject *alnum_parts) {
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    int mixed_seen = 0, decimal_seen = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *w = PyList_GET_ITEM(items, k);
+        if (!PyUnicode_Check(w)) {
+            PyErr_SetString(PyExc_TypeError, "a word must be a str");
+            return -1;
+        }
+        PyObject *t = term_of_word(terms, w);
+        if (t == NULL)
+            return -1;
+        /* filter(None, ...): None, and an empty term (never made) */
+        int r = 0;
+        if (t != Py_None && PyObject_IsTrue(t))
+            r = counts_add(c, t);
+        Py_DECREF(t);
+        if (r < 0)
+            return -1;
+        int alpha, digit, dec;
+        word_kind(w, &alpha, &digit, &dec);
+        decimal_seen |= dec;
+        mixed_seen |= !alpha && !digit;
+    }
+    /* then the parts of the words mixing letters and digits, as index_terms appends them after the
+     * words' terms (so the new terms get their ids in the same order), when the text holds a digit */
+    if (!decimal_seen || !mixed_seen)
+        return 0;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(items); k++) {
+        PyObject *w = PyList_GET_ITEM(items, k);
+        int alpha, digit, dec;
+        word_kind(w, &alpha, &digit, &dec);
+        if (alpha || digit)
+            continue;
+        PyObject *parts = PyObject_CallOneArg(alnum_parts, w);
+        if (parts == NULL)
+            return -1;
+        PyObject *seq = PySequence_Fast(parts, "alnum parts must be a sequence");
+        Py_DECREF(parts);
+        if (seq == NULL)
+            return -1;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+            if (counts_add(c, PySequence_Fast_GET_ITEM(seq, j)) < 0) {
+                Py_DECREF(seq);
+                return -1;
+            }
+        }
+        Py_DECREF(seq);
+    }
+    return 0;
+}
+
+static long bucket(PyObject *fn, Py_ssize_t v) {
+    PyObject *r = PyObject_CallFunction(fn, "n", v);
+    if (r == NULL)
+        return -1;
+    long q = PyLong_AsLong(r);
+    Py_DECREF(r);
+    return q;
+}
+
+static int set_item(PyObject *list, Py_ssize_t i, PyObject *v) {  /* steals v */
+    if (v == NULL)
+        return -1;
+    return PyList_SetItem(list, i, v);
+}
+
+static PyObject *make_array(const char *code, PyObject *a, PyObject *b) {
+    PyObject *items = PyTuple_Pack(2, a, b);
+    if (items == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallFunction(array_type, "sO", code, items);
+    Py_DECREF(items);
+    return r;
+}
+
+static int append(PyObject *arr, PyObject *v) {
+    PyObject *args[2] = {arr, v};
+    PyObject *r = PyObject_Vectorcall(array_append, args, 2, NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The postings of one field's counted terms; see SearchIndex.add. */
+static int post_counts(Counts *c, PyObject *vocab, PyObject *new_tid, PyObject *slots_f, PyObject *keys_f,
+                       PyObject *maxtf_f, Py_ssize_t slot, Py_ssize_t out[5]) {
+    Py_ssize_t n = c->total, single = 0, arrays = 0, posted = 0;
+    long max_tq = 0;
+    long dlq = n < dl_exact ? (long)n : bucket(dl_bucket_fn, n);
+    if (dlq < 0)
+        return -1;
+    PyObject *slot_obj = PyLong_FromSsize_t(slot);
+    if (slot_obj == NULL)
+        return -1;
+    int rc = -1;
+    for (Py_ssize_t e = 0; e < c->n; e++) {
+        PyObject *term = c->entries[e].term;
+        Py_ssize_t tf = c->entries[e].tf;
+        PyObject *tid_obj = PyDict_GetItemWithError(vocab, term);
+        if (tid_obj != NULL)
+            Py_INCREF(tid_obj);
+        else if (PyErr_Occurred() || (tid_obj = PyObject_CallOneArg(new_tid, term)) == NULL)
+            goto done;
+        Py_ssize_t tid = PyLong_AsSsize_t(tid_obj);
+        Py_DECREF(tid_obj);
+        if (tid == -1 && PyErr_Occurred())
+            goto done;
+        if (tid < 0 || tid >= PyList_GET_SIZE(slots_f) || tid >= PyList_GET_SIZE(keys_f)
+            || tid >= PyByteArray_GET_SIZE(maxtf_f)) {
+            PyErr_Format(PyExc_IndexError, "term id %zd has no list", tid);
+            goto done;
+        }
+        long key = dlq;
+        if (tf != 1) {
+            long tq = tf <= tf_exact ? (long)tf - 1 : bucket(tf_bucket_fn, tf);
+            if (tq < 0)
+                goto done;
+            key = (tq << dl_bits) | dlq;
+            unsigned char *mt = (unsigned char *)PyByteArray_AS_STRING(maxtf_f);
+            if (tq > mt[tid]) {
+                mt[tid] = (unsigned char)tq;
+                if (tq > max_tq)
+                    max_tq = tq;
+            }
+        }
+        PyObject *p = PyList_GET_ITEM(slots_f, tid);
+        if (p == Py_None) {
+            Py_INCREF(slot_obj);
+            if (set_item(slots_f, tid, slot_obj) < 0 || set_item(keys_f, tid, PyLong_FromLong(key)) < 0)
+                goto done;
+            single++;
+        } else if (PyLong_CheckExact(p)) {
+            PyObject *key_obj = PyLong_FromLong(key);
+            if (key_obj == NULL)
+                goto done;
+            PyObject *s = make_array("I", p, slot_obj);
+            PyObject *k = s == NULL ? NULL : make_array("H", PyList_GET_ITEM(keys_f, tid), key_obj);
+            Py_DECREF(key_obj);
+            if (k == NULL) {
+                Py_XDECREF(s);
+                goto done;
+            }
+            if (set_item(slots_f, tid, s) < 0 || set_item(keys_f, tid, k) < 0)
+                goto done;
+            single--;
+            arrays += 2;
+            posted += 2;
+        } else {
+            PyObject *key_obj = PyLong_FromLong(key);
+            if (key_obj == NULL)
+                goto done;
+            int r = append(p, slot_obj);
+            if (r == 0)
+                r = append(PyList_GET_ITEM(keys_f, tid), key_obj);
+            Py_DECREF(key_obj);
+            if (r < 0)
+                goto done;
+            posted++;
+        }
+    }
+    out[0] = n;
+    out[1] = single;
+    out[2] = arrays;
+    out[3] = posted;
+    out[4] = max_tq;
+    rc = 0;
+done:
+    Py_DECREF(slot_obj);
+    return rc;
+}
+
+PyDoc_STRVAR(post_doc,
+"post(items, terms, alnum_parts, vocab, new_tid, slots_f, keys_f, maxtf_f, slot)\n"
+"-> (n, single, arrays, posted, max_tq)\n\n"
+"One field of one doc into a field's live lists.  items: a list of words (terms: the tokenizer's\n"
+"word -> term cache, alnum_parts: its parts of a word mixing letters and digits) or, with terms None,\n"
+"of terms.  n is the field's length in terms (0: nothing posted); single, arrays and posted are what\n"
+"the index's counters gain; max_tq the highest tf bucket that raised a term's maxtf.");
+
+static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "post() takes 9 arguments");
+        return NULL;
+    }
+    if (dl_exact < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
+        return NULL;
+    }
+    PyObject *items = args[0], *terms = args[1], *alnum_parts = args[2], *vocab = args[3];
+    PyObject *new_tid = args[4], *slots_f = args[5], *keys_f = args[6], *maxtf_f = args[7];
+    if (!PyList_Check(items) || !PyDict_Check(vocab) || !PyList_Check(slots_f) || !PyList_Check(keys_f)
+        || !PyByteArray_Check(maxtf_f) || (terms != Py_None && !PyDict_Check(terms))) {
+        PyErr_SetString(PyExc_TypeError, "post(): list, dict|None, callable, dict, callable, list, list, "
+                                         "bytearray, int expected");
+        return NULL;
+    }
+    Py_ssize_t slot = PyLong_AsSsize_t(args[8]);
+    if (slot == -1 && PyErr_Occurred())
+        return NULL;
+    Counts c;
+    counts_init(&c);
+    Py_ssize_t out[5] = {0, 0, 0, 0, 0};
+    int r;
+    if (terms == Py_None) {
+        r = 0;
+        for (Py_ssize_t k = 0; r == 0 && k < PyList_GET_SIZE(items); k++)
+            r = counts_add(&c, PyList_GET_ITEM(items, k));
+    } else {
+        r = count_words(&c, items, terms, alnum_parts);
+    }
+    if (r == 0 && c.total)
+        r = post_counts(&c, vocab, new_tid, slots_f, keys_f, maxtf_f, slot, out);
+    counts_free(&c);
+    if (r < 0)
+        return NULL;
+    return Py_BuildValue("(nnnnn)", out[0], out[1], out[2], out[3], out[4]);
+}
+
+PyDoc_STRVAR(configure_doc,
+"configure(dl_exact, tf_exact, dl_bits, dl_bucket, tf_bucket, array_type)\n\n"
+"The key layout of search.py, given once at its import (defined there, not here).");
+
+static PyObject *configure(PyObject *self, PyObject *args) {
+    long de, te, db;
+    PyObject *dlb, *tfb, *at;
+    if (!PyArg_ParseTuple(args, "lllOOO", &de, &te, &db, &dlb, &tfb, &at))
+        return NULL;
+    if (de < 1 || te < 1 || db < 1 || db > 15 || !PyCallable_Check(dlb) || !PyCallable_Check(tfb)
+        || !PyCallable_Check(at)) {
+        PyErr_SetString(PyExc_ValueError, "configure(): bad key layout");
+        return NULL;
+    }
+    PyObject *app = PyObject_GetAttrString(at, "append");
+    if (app == NULL)
+        return NULL;
+    Py_XSETREF(array_append, app);
+    Py_INCREF(dlb);
+    Py_INCREF(tfb);
+    Py_INCREF(at);
+    Py_XSETREF(dl_bucket_fn, dlb);
+    Py_XSETREF(tf_bucket_fn, tfb);
+    Py_XSETREF(array_type, at);
+    dl_exact = de;
+    tf_exact = te;
+    dl_bits = db;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, post_doc},
+    {"configure", configure, METH_VARARGS, configure_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "convmem_postings",
+    "The search index's posting appends in C (storaged/postings.c).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit_convmem_postings(void) {
+    return PyModule_Create(&module);
+}

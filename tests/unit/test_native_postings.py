@@ -1,0 +1,126 @@
+"""The search index's posting appends in C (storaged/postings.c) build the very lists the Python
+definition (``SearchIndex._post_python``) builds: the same term ids in the same order, the same slots,
+keys, tf maxima, lengths and counters, over texts that take every branch (ASCII words through the term
+cache, apostrophes, ordinals, thousands, words mixing letters and digits, CJK and other non-ASCII text,
+stop words only, a term past the exact tf range, a doc past the exact length range), with docs removed
+between (the sweeper frees term ids that new terms take again) and with the term cache emptied under
+it.  The suite requires the extension: CI installs with a compiler (pyproject.toml)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from storaged import search as S
+from storaged import tokenize as T
+
+pytestmark = pytest.mark.unit
+
+def test_the_extension_is_built_and_used():
+    import convmem_postings  # noqa: F401  (fails the suite where the install built no extension)
+
+    assert S._native_post is not None
+
+
+_WORDS = ["run", "running", "runs", "house", "houses", "the", "and", "don't", "it's", "o'neil", "a'b'c",
+          "python3", "iphone15", "x86_64", "7th", "21st", "1,000", "12,345,678", "3.5", "v2.1.0", "e4f9a0c2",
+          "ERROR", "Error:", "/usr/lib/python3.11", "snake_case", "CamelCase", "'quoted'", "''", "naïve",
+          "café", "Straße", "ＡＢＣ", "１２３", "データベース", "移行", "本番", "京", "한국어", "ー", "ı", "İstanbul"]
+
+
+def _texts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    out = ["", " ", "the and of", "京", "don't stop", "word " * 40 + "other", "x " * 1500,
+           " ".join(f"w{i}" for i in range(1200)), "1,000 7th python3 iphone15 snake_case x86_64"]
+    for _ in range(n):
+        k = rng.choice((1, 3, 12, 60, 300))
+        words = [rng.choice(_WORDS) if rng.random() < 0.7 else f"tok{rng.randrange(5000)}" for _ in range(k)]
+        out.append(rng.choice((" ", "\n", ", ", "; ")).join(words))
+    return out
+
+
+def _state(ix: S.SearchIndex) -> dict:
+    return {
+        "vocab": dict(ix._vocab), "terms": list(ix._terms), "free": list(ix._free_tids),
+        "slots": [[p if p is None or type(p) is int else p.tolist() for p in f] for f in ix._slots],
+        "keys": [[p if p is None or type(p) is int else p.tolist() for p in f] for f in ix._keys],
+        "maxtf": [bytes(m) for m in ix._maxtf], "maxtf_all": list(ix._maxtf_all),
+        "lens": [a.tolist() for a in ix._lens], "total": list(ix._total_len), "nonempty": list(ix._nonempty),
+        "counters": (ix._n_postings, ix._n_single, ix._n_arrays, ix._term_bytes, ix._live, ix._dead),
+    }
+
+
+def _build(texts: list[str], native: bool, monkeypatch, removes: int = 0, seed: int = 0) -> dict:
+    with monkeypatch.context() as m:
+        if not native:
+            m.setattr(S, "_native_post", None)
+        ix = S.SearchIndex()
+        rng = random.Random(seed)
+        for doc, text in enumerate(texts):
+            tags = [w for w in text.split()[:3]] if doc % 3 == 0 else []
+            ix.add(doc, text, text[:40] if doc % 2 else None, tags)
+            for _ in range(removes):
+                if doc and rng.random() < 0.3:
+                    ix.remove(rng.randrange(doc))
+        return _state(ix)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_native_lists_are_the_python_ones(monkeypatch, seed):
+    texts = _texts(600, seed)
+    assert _build(texts, True, monkeypatch) == _build(texts, False, monkeypatch)
+
+
+def test_with_docs_removed_and_term_ids_freed_and_taken_again(monkeypatch):
+    monkeypatch.setattr(S, "_SWEEP_MIN_DEAD", 4)
+    texts = _texts(800, 3)
+    native = _build(texts, True, monkeypatch, removes=2, seed=5)
+    assert native == _build(texts, False, monkeypatch, removes=2, seed=5)
+    assert native["counters"][5] > 0
+
+
+def test_with_the_term_cache_emptied_under_it(monkeypatch):
+    monkeypatch.setattr(T, "_TERMS_MAX", 16)
+    T._TERMS.clear()
+    try:
+        texts = _texts(300, 4)
+        assert _build(texts, True, monkeypatch) == _build(texts, False, monkeypatch)
+    finally:
+        T._TERMS.clear()
+
+
+def test_the_ascii_path_gives_index_terms_multiset():
+    """posting_items of an ASCII text are words that the C side maps; of any other text, index_terms."""
+    from collections import Counter
+
+    for text in _texts(300, 6):
+        items, terms, parts = T.posting_items(text)
+        if terms is None:
+            assert items == T.index_terms(text)
+            continue
+        mapped = [t for t in map(terms.__getitem__, items) if t]
+        if any(c.isdigit() for c in text):
+            for w in items:
+                if not w.isalpha() and not w.isdigit():
+                    mapped.extend(parts(w))
+        assert Counter(mapped) == Counter(T.index_terms(text)), text
+
+
+def test_bad_arguments_are_errors_not_crashes():
+    import convmem_postings as P
+
+    ix = S.SearchIndex()
+    args = [ix._vocab, ix._new_tid, ix._slots[0], ix._keys[0], ix._maxtf[0], 0]
+    with pytest.raises(TypeError):
+        P.post("not a list", None, None, *args)
+    with pytest.raises(TypeError):
+        P.post([1, 2], None, None, *args)
+    with pytest.raises(TypeError):
+        P.post(["word"], {"word": 5}, None, *args)   # a term that is not a str
+    with pytest.raises(TypeError):
+        P.post(["a"], None, None, *args[:-1])
+    with pytest.raises(IndexError):
+        P.post(["zz"], None, None, {"zz": 10**6}, *args[1:])
+    with pytest.raises(ZeroDivisionError):
+        P.post(["a1"], T._TERMS, lambda w: 1 / 0, *args)
+    assert ix._vocab == {} and ix._slots[0] == [] and ix._n_postings == 0   # nothing posted by them
