@@ -135,38 +135,67 @@ static int counts_add(Counts *c, PyObject *term) {
     return 0;
 }
 
-/* str.isalpha() / str.isdigit() of a word, as the tokenizer's filterfalse picks the words mixing
- * letters and digits (and apostrophes). */
-static void word_kind(PyObject *w, int *alpha, int *digit, int *any_decimal) {
-    if (PyUnicode_IS_ASCII(w)) {   /* the words of an ASCII text: no call a character */
-        const unsigned char *c = PyUnicode_1BYTE_DATA(w);
-        Py_ssize_t len = PyUnicode_GET_LENGTH(w), digits = 0, letters = 0;
-        for (Py_ssize_t k = 0; k < len; k++) {
-            unsigned char ch = c[k];
-            digits += ch >= '0' && ch <= '9';
-            letters += (ch | 0x20) >= 'a' && (ch | 0x20) <= 'z';
-        }
-        *alpha = len > 0 && letters == len;
-        *digit = len > 0 && digits == len;
-        *any_decimal = digits > 0;
+/* The words of a normalised ASCII text, as tokenize._ascii_words cuts them: the runs of word characters
+ * ([a-z0-9]: word_class 1) and of apostrophes (word_class 2) that join two of them; anything else cuts.
+ * word_class is tokenize's own table, given to configure(). */
+static unsigned char word_class[128];
+
+static inline int is_word_char(const unsigned char *s, Py_ssize_t i, Py_ssize_t n) {
+    unsigned char k = word_class[s[i] & 0x7f];
+    if (k == 1)
+        return 1;
+    return k == 2 && i > 0 && word_class[s[i - 1] & 0x7f] == 1 && i + 1 < n && word_class[s[i + 1] & 0x7f] == 1;
+}
+
+/* The next word of s[*i:n]: its start, and *i past it; -1 when none is left.  Counts its letters and
+ * digits (a word of only one kind is str.isalpha() or str.isdigit()). */
+static Py_ssize_t next_word(const unsigned char *s, Py_ssize_t n, Py_ssize_t *i, Py_ssize_t *letters,
+                            Py_ssize_t *digits) {
+    Py_ssize_t k = *i;
+    while (k < n && !is_word_char(s, k, n))
+        k++;
+    Py_ssize_t start = k;
+    *letters = *digits = 0;
+    for (; k < n && is_word_char(s, k, n); k++) {
+        *letters += s[k] >= 'a' && s[k] <= 'z';
+        *digits += s[k] >= '0' && s[k] <= '9';
+    }
+    *i = k;
+    return k == start ? -1 : start;
+}
+
+/* A word's term, cached by the word's bytes: the tokenizer's cache needs a str made for every word and
+ * a lookup in a big dict (two or three cache misses); this makes no object for a word it has seen.  A
+ * miss asks the tokenizer's cache (a dict whose __missing__ computes the term: the definition) and keeps
+ * its answer.  Hashed with CPython's keyed string hash, so words sent to collide cannot be made; bounded
+ * by emptying it when full, as the tokenizer's own cache is.  No pointer into it is held across a call
+ * into Python (which may run another thread's post()). */
+typedef struct {
+    Py_hash_t hash;
+    PyObject *word;  /* its bytes (a str), NULL: an empty slot */
+    PyObject *term;  /* the word's term, or None */
+} WordEntry;
+
+#define WORD_CACHE_LONGEST 64  /* longer words (paths, blobs) are looked up, not kept */
+static WordEntry *word_cache;
+static size_t word_mask, word_count, word_max;
+
+static void word_cache_clear(void) {
+    if (word_cache == NULL)
         return;
+    for (size_t i = 0; i <= word_mask; i++) {
+        Py_CLEAR(word_cache[i].word);
+        Py_CLEAR(word_cache[i].term);
     }
-    int kind = PyUnicode_KIND(w);
-    const void *data = PyUnicode_DATA(w);
-    Py_ssize_t len = PyUnicode_GET_LENGTH(w);
-    int a = len > 0, d = len > 0, dec = 0;
-    for (Py_ssize_t k = 0; k < len; k++) {
-        Py_UCS4 ch = PyUnicode_READ(kind, data, k);
-        if (!Py_UNICODE_ISALPHA(ch))
-            a = 0;
-        if (!Py_UNICODE_ISDIGIT(ch))
-            d = 0;
-        if (Py_UNICODE_ISDECIMAL(ch))
-            dec = 1;
-    }
-    *alpha = a;
-    *digit = d;
-    *any_decimal = dec;
+    word_count = 0;
+}
+
+static Py_hash_t hash_bytes(const unsigned char *b, Py_ssize_t len) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_HashBuffer(b, len);
+#else
+    return _Py_HashBytes(b, len);
+#endif
 }
 
 /* The term of a word: the tokenizer's cache (a dict whose __missing__ computes and keeps it).  A new
@@ -182,41 +211,78 @@ static PyObject *term_of_word(PyObject *terms, PyObject *word) {
     return PyObject_GetItem(terms, word);
 }
 
-static int count_words(Counts *c, PyObject *items, PyObject *terms, PyObject *alnum_parts) {
-    Py_ssize_t n = PyList_GET_SIZE(items);
-    int mixed_seen = 0, decimal_seen = 0;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *w = PyList_GET_ITEM(items, k);
-        if (!PyUnicode_Check(w)) {
-            PyErr_SetString(PyExc_TypeError, "a word must be a str");
-            return -1;
+/* The term of the word b[:len] (a new reference: a str, or None), NULL on an error. */
+static PyObject *word_term(PyObject *terms, const unsigned char *b, Py_ssize_t len) {
+    Py_hash_t h = 0;
+    if (len <= WORD_CACHE_LONGEST) {
+        h = hash_bytes(b, len);
+        for (size_t i = (size_t)h & word_mask; word_cache[i].word != NULL; i = (i + 1) & word_mask) {
+            WordEntry *e = &word_cache[i];
+            if (e->hash == h && PyUnicode_GET_LENGTH(e->word) == len
+                && memcmp(PyUnicode_1BYTE_DATA(e->word), b, len) == 0) {
+                Py_INCREF(e->term);
+                return e->term;
+            }
         }
-        PyObject *t = term_of_word(terms, w);
+    }
+    PyObject *w = PyUnicode_DecodeASCII((const char *)b, len, NULL);
+    if (w == NULL)
+        return NULL;
+    PyObject *t = term_of_word(terms, w);
+    if (t == NULL || len > WORD_CACHE_LONGEST) {
+        Py_DECREF(w);
+        return t;
+    }
+    if (word_count >= word_max)
+        word_cache_clear();
+    size_t i = (size_t)h & word_mask;
+    while (word_cache[i].word != NULL) {   /* probed again: Python code ran since */
+        if (word_cache[i].hash == h && PyUnicode_Compare(word_cache[i].word, w) == 0) {
+            Py_DECREF(w);   /* another thread kept it meanwhile */
+            return t;
+        }
+        i = (i + 1) & word_mask;
+    }
+    word_cache[i].hash = h;
+    word_cache[i].word = w;   /* the reference made above */
+    Py_INCREF(t);
+    word_cache[i].term = t;
+    word_count++;
+    return t;
+}
+
+/* index_terms of a normalised ASCII text (tokenize.posting_items): each word's term, then the parts of
+ * the words mixing letters with digits or apostrophes, when the text holds a digit — index_terms appends
+ * them after the words' terms, so new terms get their ids in the same order. */
+static int count_text(Counts *c, PyObject *text, PyObject *terms, PyObject *alnum_parts) {
+    const unsigned char *s = PyUnicode_1BYTE_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    int any_digit = 0, any_mixed = 0;
+    Py_ssize_t i = 0, start, letters, digits;
+    while ((start = next_word(s, n, &i, &letters, &digits)) >= 0) {
+        any_digit |= digits > 0;
+        any_mixed |= letters != i - start && digits != i - start;
+        PyObject *t = word_term(terms, s + start, i - start);
         if (t == NULL)
             return -1;
-        /* filter(None, ...): None, and an empty term (never made) */
-        int r = 0;
+        int r = 0;   /* filter(None, ...): None, and an empty term (never made) */
         if (t != Py_None && PyObject_IsTrue(t))
             r = counts_add(c, t);
         Py_DECREF(t);
         if (r < 0)
             return -1;
-        int alpha, digit, dec;
-        word_kind(w, &alpha, &digit, &dec);
-        decimal_seen |= dec;
-        mixed_seen |= !alpha && !digit;
     }
-    /* then the parts of the words mixing letters and digits, as index_terms appends them after the
-     * words' terms (so the new terms get their ids in the same order), when the text holds a digit */
-    if (!decimal_seen || !mixed_seen)
+    if (!any_digit || !any_mixed)
         return 0;
-    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(items); k++) {
-        PyObject *w = PyList_GET_ITEM(items, k);
-        int alpha, digit, dec;
-        word_kind(w, &alpha, &digit, &dec);
-        if (alpha || digit)
-            continue;
+    i = 0;
+    while ((start = next_word(s, n, &i, &letters, &digits)) >= 0) {
+        if (letters == i - start || digits == i - start)
+            continue;   /* str.isalpha() or str.isdigit(): no parts */
+        PyObject *w = PyUnicode_DecodeASCII((const char *)s + start, i - start, NULL);
+        if (w == NULL)
+            return -1;
         PyObject *parts = PyObject_CallOneArg(alnum_parts, w);
+        Py_DECREF(w);
         if (parts == NULL)
             return -1;
         PyObject *seq = PySequence_Fast(parts, "alnum parts must be a sequence");
@@ -358,10 +424,10 @@ done:
 PyDoc_STRVAR(post_doc,
 "post(items, terms, alnum_parts, vocab, new_tid, slots_f, keys_f, maxtf_f, slot)\n"
 "-> (n, single, arrays, posted, max_tq)\n\n"
-"One field of one doc into a field's live lists.  items: a list of words (terms: the tokenizer's\n"
-"word -> term cache, alnum_parts: its parts of a word mixing letters and digits) or, with terms None,\n"
-"of terms.  n is the field's length in terms (0: nothing posted); single, arrays and posted are what\n"
-"the index's counters gain; max_tq the highest tf bucket that raised a term's maxtf.");
+"One field of one doc into a field's live lists.  items: a normalised ASCII text (terms: the\n"
+"tokenizer's word -> term cache, alnum_parts: its parts of a word mixing letters and digits), or a list\n"
+"of terms (terms None).  n is the field's length in terms (0: nothing posted); single, arrays and\n"
+"posted are what the index's counters gain; max_tq the highest tf bucket that raised a term's maxtf.");
 
 static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 9) {
@@ -374,10 +440,11 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     PyObject *items = args[0], *terms = args[1], *alnum_parts = args[2], *vocab = args[3];
     PyObject *new_tid = args[4], *slots_f = args[5], *keys_f = args[6], *maxtf_f = args[7];
-    if (!PyList_Check(items) || !PyDict_Check(vocab) || !PyList_Check(slots_f) || !PyList_Check(keys_f)
-        || !PyByteArray_Check(maxtf_f) || (terms != Py_None && !PyDict_Check(terms))) {
-        PyErr_SetString(PyExc_TypeError, "post(): list, dict|None, callable, dict, callable, list, list, "
-                                         "bytearray, int expected");
+    int words = terms != Py_None;
+    if (!(words ? PyUnicode_Check(items) && PyUnicode_IS_ASCII(items) && PyDict_Check(terms) : PyList_Check(items))
+        || !PyDict_Check(vocab) || !PyList_Check(slots_f) || !PyList_Check(keys_f) || !PyByteArray_Check(maxtf_f)) {
+        PyErr_SetString(PyExc_TypeError, "post(): an ASCII str and a dict, or a list and None; then callable, "
+                                         "dict, callable, list, list, bytearray, int");
         return NULL;
     }
     Py_ssize_t slot = PyLong_AsSsize_t(args[8]);
@@ -387,12 +454,12 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     counts_init(&c);
     Py_ssize_t out[5] = {0, 0, 0, 0, 0};
     int r;
-    if (terms == Py_None) {
+    if (!words) {
         r = 0;
         for (Py_ssize_t k = 0; r == 0 && k < PyList_GET_SIZE(items); k++)
             r = counts_add(&c, PyList_GET_ITEM(items, k));
     } else {
-        r = count_words(&c, items, terms, alnum_parts);
+        r = count_text(&c, items, terms, alnum_parts);
     }
     if (r == 0 && c.total)
         r = post_counts(&c, vocab, new_tid, slots_f, keys_f, maxtf_f, slot, out);
@@ -402,20 +469,60 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return Py_BuildValue("(nnnnn)", out[0], out[1], out[2], out[3], out[4]);
 }
 
+PyDoc_STRVAR(words_doc,
+"words(text) -> list[str]\n\n"
+"The words post() cuts a normalised ASCII text into (tokenize._ascii_words's, by its test).");
+
+static PyObject *words(PyObject *self, PyObject *text) {
+    if (!PyUnicode_Check(text) || !PyUnicode_IS_ASCII(text)) {
+        PyErr_SetString(PyExc_TypeError, "words(): an ASCII str expected");
+        return NULL;
+    }
+    const unsigned char *s = PyUnicode_1BYTE_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0, start, letters, digits;
+    PyObject *out = PyList_New(0);
+    while (out != NULL && (start = next_word(s, n, &i, &letters, &digits)) >= 0) {
+        PyObject *w = PyUnicode_DecodeASCII((const char *)s + start, i - start, NULL);
+        if (w == NULL || PyList_Append(out, w) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(w);
+    }
+    return out;
+}
+
 PyDoc_STRVAR(configure_doc,
-"configure(dl_exact, tf_exact, dl_bits, dl_bucket, tf_bucket, array_type)\n\n"
-"The key layout of search.py, given once at its import (defined there, not here).");
+"configure(dl_exact, tf_exact, dl_bits, dl_bucket, tf_bucket, array_type, word_class, word_cache_max)\n\n"
+"The key layout of search.py and the tokenizer's word characters (a byte per ASCII character: 1 a word\n"
+"character, 2 the apostrophe, 0 a cut) and cache bound, given at search.py's import (defined there\n"
+"and in tokenize.py, not here).  Called again, it empties the word cache.");
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     long de, te, db;
     PyObject *dlb, *tfb, *at;
-    if (!PyArg_ParseTuple(args, "lllOOO", &de, &te, &db, &dlb, &tfb, &at))
+    Py_buffer wc;
+    Py_ssize_t wmax;
+    if (!PyArg_ParseTuple(args, "lllOOOy*n", &de, &te, &db, &dlb, &tfb, &at, &wc, &wmax))
         return NULL;
-    if (de < 1 || te < 1 || db < 1 || db > 15 || !PyCallable_Check(dlb) || !PyCallable_Check(tfb)
-        || !PyCallable_Check(at)) {
-        PyErr_SetString(PyExc_ValueError, "configure(): bad key layout");
+    int bad = de < 1 || te < 1 || db < 1 || db > 15 || !PyCallable_Check(dlb) || !PyCallable_Check(tfb)
+              || !PyCallable_Check(at) || wc.len != 128 || wmax < 1 || wmax > (1 << 24);
+    if (!bad)
+        memcpy(word_class, wc.buf, 128);
+    PyBuffer_Release(&wc);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "configure(): bad key layout, word classes or cache bound");
         return NULL;
     }
+    size_t slots = 1;
+    while (slots < (size_t)wmax * 2)
+        slots <<= 1;
+    WordEntry *cache = PyMem_Calloc(slots, sizeof(WordEntry));
+    if (cache == NULL)
+        return PyErr_NoMemory();
+    word_cache_clear();
+    PyMem_Free(word_cache);
+    word_cache = cache;
+    word_mask = slots - 1;
+    word_max = (size_t)wmax;
     PyObject *app = PyObject_GetAttrString(at, "append");
     if (app == NULL)
         return NULL;
@@ -434,6 +541,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL, post_doc},
+    {"words", words, METH_O, words_doc},
     {"configure", configure, METH_VARARGS, configure_doc},
     {NULL, NULL, 0, NULL},
 };

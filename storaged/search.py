@@ -95,7 +95,7 @@ from storaged.fileio import DROP_WINDOW_PAGES
 from storaged.filterbounds import FilteredBounds, accepted_row
 from storaged.segment import (Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name,
                               window_range as segment_window_range, write as segment_write)
-from storaged.tokenize import index_terms, posting_items, query_runs
+from storaged.tokenize import ASCII_WORD_CLASS, TERMS_MAX, index_terms, posting_items, query_runs
 
 try:   # storaged/postings.c, built at install where a C compiler is (pyproject.toml)
     from convmem_postings import configure as _native_configure, post as _native_post
@@ -262,7 +262,7 @@ _SIZEOF_INT = sys.getsizeof(1 << 40)
 _SIZEOF_ARRAY = sys.getsizeof(array("I"))
 _SIZEOF_FLOAT = sys.getsizeof(1.5)
 if _native_post is not None:
-    _native_configure(_DL_EXACT, _TF_EXACT, _DL_BITS, _dl_bucket, _tf_bucket, array)
+    _native_configure(_DL_EXACT, _TF_EXACT, _DL_BITS, _dl_bucket, _tf_bucket, array, ASCII_WORD_CLASS, TERMS_MAX)
 
 
 def _impact_table(q: float, rows: int = 1 << _TF_BITS) -> list[float]:

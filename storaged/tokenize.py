@@ -41,6 +41,8 @@ import Stemmer
 __all__ = [
     "STOP_WORDS",
     "QueryRun",
+    "ASCII_WORD_CLASS",
+    "TERMS_MAX",
     "index_terms",
     "posting_items",
     "normalize",
@@ -141,7 +143,7 @@ class _TermCache(dict):
         return term
 
 
-_TERMS_MAX = 1 << 16
+_TERMS_MAX = TERMS_MAX = 1 << 16   # (also the bound of the native posting builder's own word cache)
 _TERMS = _TermCache()
 _word_term = _TERMS.__getitem__
 
@@ -178,6 +180,11 @@ def _cjk_grams(run: str) -> list[str]:
 _ASCII_CUT = str.maketrans({c: " " for c in map(chr, range(128))
                             if not (c.isalnum() and not c.isupper()) and c != "'"})
 
+
+# The same cut as a byte per ASCII character, for the native posting builder (storaged/postings.c), which
+# cuts an ASCII text's words itself: 1 a word character (kept by _ASCII_CUT), 2 the apostrophe (kept
+# where it joins two of them: _LONE_APOSTROPHE_RE), 0 a cut.
+ASCII_WORD_CLASS = bytes(2 if c == "'" else 1 if _ASCII_CUT.get(ord(c)) is None else 0 for c in map(chr, range(128)))
 
 # After the cut an ASCII text holds only [a-z0-9'] and spaces; an apostrophe joins two words' parts only
 # between two letters or digits ("don't", "a'b'c"), as _WORD_RE reads it: any other is a cut.
@@ -219,13 +226,13 @@ def index_terms(text: str) -> list[str]:
     return out
 
 
-def posting_items(text: str) -> tuple[list[str], dict | None, Callable[[str], tuple[str, ...]]]:
+def posting_items(text: str) -> tuple[str | list[str], dict | None, Callable[[str], tuple[str, ...]]]:
     """``index_terms(text)`` as the search index's native posting builder takes it (storaged/postings.c):
-    for an ASCII text its words, with the word → term cache and the parts of a word mixing letters and
-    digits, which it applies to them in C as ``index_terms`` does in Python (the same terms in the same
-    order: tests/unit/test_native_postings.py); for any other text, its terms, with None."""
+    an ASCII text normalised, with the word → term cache and the parts of a word mixing letters and
+    digits, for it to cut into words (ASCII_WORD_CLASS) and map as ``index_terms`` does in Python (the
+    same terms in the same order: tests/unit/test_native_postings.py); any other text's terms, with None."""
     if text.isascii():   # NFKC and casefold keep it ASCII: index_terms's own path for it
-        return _ascii_words(_prepare(text)), _TERMS, _alnum_parts
+        return _prepare(text), _TERMS, _alnum_parts
     return index_terms(text), None, _alnum_parts
 
 

@@ -16,6 +16,7 @@ from storaged import tokenize as T
 
 pytestmark = pytest.mark.unit
 
+
 def test_the_extension_is_built_and_used():
     import convmem_postings  # noqa: F401  (fails the suite where the install built no extension)
 
@@ -79,31 +80,45 @@ def test_with_docs_removed_and_term_ids_freed_and_taken_again(monkeypatch):
     assert native["counters"][5] > 0
 
 
-def test_with_the_term_cache_emptied_under_it(monkeypatch):
+@pytest.fixture
+def small_word_caches(monkeypatch):
+    """The tokenizer's term cache and the native builder's word cache both bounded at 16 words, so
+    that both are emptied again and again under the build."""
     monkeypatch.setattr(T, "_TERMS_MAX", 16)
     T._TERMS.clear()
-    try:
-        texts = _texts(300, 4)
-        assert _build(texts, True, monkeypatch) == _build(texts, False, monkeypatch)
-    finally:
-        T._TERMS.clear()
+    S._native_configure(S._DL_EXACT, S._TF_EXACT, S._DL_BITS, S._dl_bucket, S._tf_bucket, S.array,
+                        T.ASCII_WORD_CLASS, 16)
+    yield
+    T._TERMS.clear()
+    S._native_configure(S._DL_EXACT, S._TF_EXACT, S._DL_BITS, S._dl_bucket, S._tf_bucket, S.array,
+                        T.ASCII_WORD_CLASS, T.TERMS_MAX)
 
 
-def test_the_ascii_path_gives_index_terms_multiset():
-    """posting_items of an ASCII text are words that the C side maps; of any other text, index_terms."""
-    from collections import Counter
+def test_with_the_word_caches_emptied_under_it(monkeypatch, small_word_caches):
+    texts = _texts(300, 4)
+    assert _build(texts, True, monkeypatch) == _build(texts, False, monkeypatch)
 
+
+def test_words_are_cut_as_the_tokenizer_cuts_them(monkeypatch):
+    """Random ASCII texts of word characters, apostrophes, digits and cuts: the words the C side cuts
+    (seen through the terms it posts) are _ascii_words's."""
+    rng = random.Random(9)
+    alphabet = "abcxyz0129 ''_-.,:;/\\\"\t\n()ABC"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
+    texts += ["don't 'quoted' a''b x'y it's o'neil' ''' ' a'", "a'1 1'a 1'1 '1 1' x'''y z'9'q",
+              "x" * 65 + " " + "y" * 64 + " " + "x" * 65]   # words past the word cache's longest, twice
+    assert _build(texts, True, monkeypatch) == _build(texts, False, monkeypatch)
+
+
+def test_an_ascii_text_goes_to_the_native_side_normalised():
+    """posting_items hands an ASCII text over normalised (for the C side to cut and map), any other
+    text as index_terms's terms."""
     for text in _texts(300, 6):
-        items, terms, parts = T.posting_items(text)
-        if terms is None:
-            assert items == T.index_terms(text)
-            continue
-        mapped = [t for t in map(terms.__getitem__, items) if t]
-        if any(c.isdigit() for c in text):
-            for w in items:
-                if not w.isalpha() and not w.isdigit():
-                    mapped.extend(parts(w))
-        assert Counter(mapped) == Counter(T.index_terms(text)), text
+        items, terms, _ = T.posting_items(text)
+        if text.isascii():
+            assert items == T._prepare(text) and terms is T._TERMS
+        else:
+            assert items == T.index_terms(text) and terms is None
 
 
 def test_bad_arguments_are_errors_not_crashes():
@@ -114,13 +129,31 @@ def test_bad_arguments_are_errors_not_crashes():
     with pytest.raises(TypeError):
         P.post("not a list", None, None, *args)
     with pytest.raises(TypeError):
+        P.post(["words"], T._TERMS, None, *args)      # words come as a text
+    with pytest.raises(TypeError):
+        P.post("naïve", T._TERMS, None, *args)        # ... an ASCII one
+    with pytest.raises(TypeError):
         P.post([1, 2], None, None, *args)
     with pytest.raises(TypeError):
-        P.post(["word"], {"word": 5}, None, *args)   # a term that is not a str
+        P.post("zzword", {"zzword": 5}, None, *args)  # a term that is not a str
     with pytest.raises(TypeError):
         P.post(["a"], None, None, *args[:-1])
     with pytest.raises(IndexError):
         P.post(["zz"], None, None, {"zz": 10**6}, *args[1:])
     with pytest.raises(ZeroDivisionError):
-        P.post(["a1"], T._TERMS, lambda w: 1 / 0, *args)
+        P.post("a1", T._TERMS, lambda w: 1 / 0, *args)
+    with pytest.raises(ValueError):
+        P.configure(S._DL_EXACT, S._TF_EXACT, S._DL_BITS, S._dl_bucket, S._tf_bucket, S.array, b"short", 16)
     assert ix._vocab == {} and ix._slots[0] == [] and ix._n_postings == 0   # nothing posted by them
+
+
+def test_the_native_words_are_ascii_words_s():
+    import convmem_postings as P
+
+    rng = random.Random(10)
+    alphabet = "abcxyz0129 ''_-.,:;/\\\"\t\n()ABC"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(20_000)]
+    texts += ["don't 'quoted' a''b x'y it's o'neil' ''' ' a'", "a'1 1'a 1'1 '1 1' x'''y z'9'q", "", "'", "a"]
+    for text in texts:
+        prepared = T._prepare(text)
+        assert P.words(prepared) == T._ascii_words(prepared), text
