@@ -5,9 +5,10 @@
  * posting append a distinct term: ~1 us each) was two thirds of it.  This does the same steps, in the
  * same order, on the same Python objects: the term of a word is still the tokenizer's (its cache's
  * lookup, and its own function on a miss), a new term still gets its id from SearchIndex._new_tid, and
- * the lists are the same None | int | array('I') / array('H') the rest of search.py reads.  Nothing here
- * decides what a term is: tests/unit/test_native_postings.py checks that an index built through it is
- * the pure-Python one, list for list.
+ * the lists are the same None | int | array('I') / array('H') the rest of search.py reads.  What a word's
+ * term is stays tokenize.py's: this only remembers its answers (the word cache below), and
+ * tests/unit/test_native_postings.py checks that an index built through it is the pure-Python one, list
+ * for list.
  *
  * Built as a top-level module (not storaged.convmem_postings) because the tests run from the source
  * tree, whose storaged/ package would hide an extension installed inside it.
@@ -16,18 +17,21 @@
 #include <Python.h>
 #include <string.h>
 
-static PyObject *array_type;    /* array.array */
+static PyObject *array_type;    /* array.array, imported by the module itself */
 static PyObject *dl_bucket_fn;  /* search._dl_bucket: lengths from dl_exact on */
 static PyObject *tf_bucket_fn;  /* search._tf_bucket: frequencies past tf_exact */
 static PyObject *array_append;  /* array.array.append, called without a method lookup */
 static long dl_exact = -1, tf_exact, dl_bits;
 
 /* A doc field's terms and their frequencies, in first-seen order (what collections.Counter iterates),
- * keyed by the terms' values: two equal terms made by different stemmer calls are one. */
+ * keyed by the terms' values (exact strs: what counts as equal is str's own): two equal terms made by
+ * different stemmer calls are one. */
 typedef struct {
-    PyObject *term;  /* a strong reference */
+    PyObject *term;  /* a strong reference; an exact str */
     Py_hash_t hash;
     Py_ssize_t tf;
+    Py_ssize_t tid;  /* post_counts' first pass: the term's id, its tf bucket (-1: tf 1) and key */
+    long tq, key;
 } Entry;
 
 #define SMALL_ENTRIES 256
@@ -90,7 +94,7 @@ static int counts_grow(Counts *c) {
 
 /* One occurrence of a term (a str). */
 static int counts_add(Counts *c, PyObject *term) {
-    if (!PyUnicode_Check(term)) {
+    if (!PyUnicode_CheckExact(term)) {   /* a subclass's __hash__ or __eq__ could run any code */
         PyErr_Format(PyExc_TypeError, "a term must be a str, not %.100s", Py_TYPE(term)->tp_name);
         return -1;
     }
@@ -136,8 +140,8 @@ static int counts_add(Counts *c, PyObject *term) {
 }
 
 /* The words of a normalised ASCII text, as tokenize._ascii_words cuts them: the runs of word characters
- * ([a-z0-9]: word_class 1) and of apostrophes (word_class 2) that join two of them; anything else cuts.
- * word_class is tokenize's own table, given to configure(). */
+ * ([a-z0-9]: word_class 1) and of single apostrophes (word_class 2) with a word character on each side;
+ * anything else cuts.  word_class is tokenize's own table, given to configure(). */
 static unsigned char word_class[128];
 
 static inline int is_word_char(const unsigned char *s, Py_ssize_t i, Py_ssize_t n) {
@@ -167,9 +171,11 @@ static Py_ssize_t next_word(const unsigned char *s, Py_ssize_t n, Py_ssize_t *i,
 /* A word's term, cached by the word's bytes: the tokenizer's cache needs a str made for every word and
  * a lookup in a big dict (two or three cache misses); this makes no object for a word it has seen.  A
  * miss asks the tokenizer's cache (a dict whose __missing__ computes the term: the definition) and keeps
- * its answer.  Hashed with CPython's keyed string hash, so words sent to collide cannot be made; bounded
- * by emptying it when full, as the tokenizer's own cache is.  No pointer into it is held across a call
- * into Python (which may run another thread's post()). */
+ * its answer — only for that cache (word_terms, given to configure()): a post() with another mapping
+ * neither reads nor fills it.  Hashed with CPython's string hash, keyed at random per process unless
+ * PYTHONHASHSEED fixes it (then, as for any dict, words can be made to collide); bounded by emptying it
+ * when full, as the tokenizer's own cache is.  No pointer into it is held across a call into Python
+ * (which may run another thread's post()). */
 typedef struct {
     Py_hash_t hash;
     PyObject *word;  /* its bytes (a str), NULL: an empty slot */
@@ -178,6 +184,7 @@ typedef struct {
 
 #define WORD_CACHE_LONGEST 64  /* longer words (paths, blobs) are looked up, not kept */
 static WordEntry *word_cache;
+static PyObject *word_terms;   /* the tokenizer's cache: the only mapping whose answers are kept */
 static size_t word_mask, word_count, word_max;
 
 static void word_cache_clear(void) {
@@ -191,10 +198,10 @@ static void word_cache_clear(void) {
 }
 
 static Py_hash_t hash_bytes(const unsigned char *b, Py_ssize_t len) {
-#if PY_VERSION_HEX >= 0x030D0000
+#if PY_VERSION_HEX >= 0x030E0000
     return Py_HashBuffer(b, len);
 #else
-    return _Py_HashBytes(b, len);
+    return PyHash_GetFuncDef()->hash(b, len);   /* what hashes a str's bytes */
 #endif
 }
 
@@ -214,7 +221,8 @@ static PyObject *term_of_word(PyObject *terms, PyObject *word) {
 /* The term of the word b[:len] (a new reference: a str, or None), NULL on an error. */
 static PyObject *word_term(PyObject *terms, const unsigned char *b, Py_ssize_t len) {
     Py_hash_t h = 0;
-    if (len <= WORD_CACHE_LONGEST) {
+    int cached = len <= WORD_CACHE_LONGEST && terms == word_terms;
+    if (cached) {
         h = hash_bytes(b, len);
         for (size_t i = (size_t)h & word_mask; word_cache[i].word != NULL; i = (i + 1) & word_mask) {
             WordEntry *e = &word_cache[i];
@@ -229,7 +237,7 @@ static PyObject *word_term(PyObject *terms, const unsigned char *b, Py_ssize_t l
     if (w == NULL)
         return NULL;
     PyObject *t = term_of_word(terms, w);
-    if (t == NULL || len > WORD_CACHE_LONGEST) {
+    if (t == NULL || !cached || terms != word_terms) {   /* configure() may have run meanwhile */
         Py_DECREF(w);
         return t;
     }
@@ -265,8 +273,8 @@ static int count_text(Counts *c, PyObject *text, PyObject *terms, PyObject *alnu
         PyObject *t = word_term(terms, s + start, i - start);
         if (t == NULL)
             return -1;
-        int r = 0;   /* filter(None, ...): None, and an empty term (never made) */
-        if (t != Py_None && PyObject_IsTrue(t))
+        int r = t == Py_None ? 0 : PyObject_IsTrue(t);   /* filter(None, ...): None, and an empty term */
+        if (r > 0)
             r = counts_add(c, t);
         Py_DECREF(t);
         if (r < 0)
@@ -309,12 +317,6 @@ static long bucket(PyObject *fn, Py_ssize_t v) {
     return q;
 }
 
-static int set_item(PyObject *list, Py_ssize_t i, PyObject *v) {  /* steals v */
-    if (v == NULL)
-        return -1;
-    return PyList_SetItem(list, i, v);
-}
-
 static PyObject *make_array(const char *code, PyObject *a, PyObject *b) {
     PyObject *items = PyTuple_Pack(2, a, b);
     if (items == NULL)
@@ -333,7 +335,10 @@ static int append(PyObject *arr, PyObject *v) {
     return 0;
 }
 
-/* The postings of one field's counted terms; see SearchIndex.add. */
+/* The postings of one field's counted terms; see SearchIndex.add.  In two passes: first every call into
+ * Python (a new term's id, the length and frequency buckets), then the lists changed with none in between,
+ * each term id checked against them as it is used — so no Python code (another thread's, a callback's)
+ * runs between a bounds check and the write it guards, and a callback that fails changes no list. */
 static int post_counts(Counts *c, PyObject *vocab, PyObject *new_tid, PyObject *slots_f, PyObject *keys_f,
                        PyObject *maxtf_f, Py_ssize_t slot, Py_ssize_t out[5]) {
     Py_ssize_t n = c->total, single = 0, arrays = 0, posted = 0;
@@ -341,48 +346,64 @@ static int post_counts(Counts *c, PyObject *vocab, PyObject *new_tid, PyObject *
     long dlq = n < dl_exact ? (long)n : bucket(dl_bucket_fn, n);
     if (dlq < 0)
         return -1;
+    if (dlq >= (1L << dl_bits)) {
+        PyErr_Format(PyExc_ValueError, "length bucket %ld past %ld bits", dlq, dl_bits);
+        return -1;
+    }
+    for (Py_ssize_t e = 0; e < c->n; e++) {
+        Entry *en = &c->entries[e];
+        PyObject *tid_obj = PyDict_GetItemWithError(vocab, en->term);
+        if (tid_obj != NULL)
+            Py_INCREF(tid_obj);
+        else if (PyErr_Occurred() || (tid_obj = PyObject_CallOneArg(new_tid, en->term)) == NULL)
+            return -1;
+        en->tid = PyLong_AsSsize_t(tid_obj);
+        Py_DECREF(tid_obj);
+        if (en->tid == -1 && PyErr_Occurred())
+            return -1;
+        en->tq = -1;   /* tf 1: the key is the length bucket alone */
+        en->key = dlq;
+        if (en->tf != 1) {
+            long tq = en->tf <= tf_exact ? (long)en->tf - 1 : bucket(tf_bucket_fn, en->tf);
+            if (tq < 0)
+                return -1;
+            if (tq > 255 || (tq << dl_bits) > 0xffff) {
+                PyErr_Format(PyExc_ValueError, "tf bucket %ld does not fit a key", tq);
+                return -1;
+            }
+            en->tq = tq;
+            en->key = (tq << dl_bits) | dlq;
+        }
+    }
     PyObject *slot_obj = PyLong_FromSsize_t(slot);
     if (slot_obj == NULL)
         return -1;
     int rc = -1;
     for (Py_ssize_t e = 0; e < c->n; e++) {
-        PyObject *term = c->entries[e].term;
-        Py_ssize_t tf = c->entries[e].tf;
-        PyObject *tid_obj = PyDict_GetItemWithError(vocab, term);
-        if (tid_obj != NULL)
-            Py_INCREF(tid_obj);
-        else if (PyErr_Occurred() || (tid_obj = PyObject_CallOneArg(new_tid, term)) == NULL)
-            goto done;
-        Py_ssize_t tid = PyLong_AsSsize_t(tid_obj);
-        Py_DECREF(tid_obj);
-        if (tid == -1 && PyErr_Occurred())
-            goto done;
+        Entry *en = &c->entries[e];
+        Py_ssize_t tid = en->tid;
         if (tid < 0 || tid >= PyList_GET_SIZE(slots_f) || tid >= PyList_GET_SIZE(keys_f)
             || tid >= PyByteArray_GET_SIZE(maxtf_f)) {
             PyErr_Format(PyExc_IndexError, "term id %zd has no list", tid);
             goto done;
         }
-        long key = dlq;
-        if (tf != 1) {
-            long tq = tf <= tf_exact ? (long)tf - 1 : bucket(tf_bucket_fn, tf);
-            if (tq < 0)
-                goto done;
-            key = (tq << dl_bits) | dlq;
-            unsigned char *mt = (unsigned char *)PyByteArray_AS_STRING(maxtf_f);
-            if (tq > mt[tid]) {
-                mt[tid] = (unsigned char)tq;
-                if (tq > max_tq)
-                    max_tq = tq;
-            }
+        unsigned char *mt = (unsigned char *)PyByteArray_AS_STRING(maxtf_f);
+        if (en->tq > mt[tid]) {
+            mt[tid] = (unsigned char)en->tq;
+            if (en->tq > max_tq)
+                max_tq = en->tq;
         }
         PyObject *p = PyList_GET_ITEM(slots_f, tid);
         if (p == Py_None) {
-            Py_INCREF(slot_obj);
-            if (set_item(slots_f, tid, slot_obj) < 0 || set_item(keys_f, tid, PyLong_FromLong(key)) < 0)
+            PyObject *key_obj = PyLong_FromLong(en->key);
+            if (key_obj == NULL)
                 goto done;
+            Py_INCREF(slot_obj);
+            PyList_SetItem(slots_f, tid, slot_obj);   /* steals; the None it replaces runs no code */
+            PyList_SetItem(keys_f, tid, key_obj);
             single++;
         } else if (PyLong_CheckExact(p)) {
-            PyObject *key_obj = PyLong_FromLong(key);
+            PyObject *key_obj = PyLong_FromLong(en->key);
             if (key_obj == NULL)
                 goto done;
             PyObject *s = make_array("I", p, slot_obj);
@@ -392,13 +413,13 @@ static int post_counts(Counts *c, PyObject *vocab, PyObject *new_tid, PyObject *
                 Py_XDECREF(s);
                 goto done;
             }
-            if (set_item(slots_f, tid, s) < 0 || set_item(keys_f, tid, k) < 0)
-                goto done;
+            PyList_SetItem(slots_f, tid, s);   /* the ints they replace run no code */
+            PyList_SetItem(keys_f, tid, k);
             single--;
             arrays += 2;
             posted += 2;
         } else {
-            PyObject *key_obj = PyLong_FromLong(key);
+            PyObject *key_obj = PyLong_FromLong(en->key);
             if (key_obj == NULL)
                 goto done;
             int r = append(p, slot_obj);
@@ -474,6 +495,10 @@ PyDoc_STRVAR(words_doc,
 "The words post() cuts a normalised ASCII text into (tokenize._ascii_words's, by its test).");
 
 static PyObject *words(PyObject *self, PyObject *text) {
+    if (dl_exact < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
+        return NULL;
+    }
     if (!PyUnicode_Check(text) || !PyUnicode_IS_ASCII(text)) {
         PyErr_SetString(PyExc_TypeError, "words(): an ASCII str expected");
         return NULL;
@@ -491,25 +516,27 @@ static PyObject *words(PyObject *self, PyObject *text) {
 }
 
 PyDoc_STRVAR(configure_doc,
-"configure(dl_exact, tf_exact, dl_bits, dl_bucket, tf_bucket, array_type, word_class, word_cache_max)\n\n"
-"The key layout of search.py and the tokenizer's word characters (a byte per ASCII character: 1 a word\n"
-"character, 2 the apostrophe, 0 a cut) and cache bound, given at search.py's import (defined there\n"
-"and in tokenize.py, not here).  Called again, it empties the word cache.");
+"configure(dl_exact, tf_exact, dl_bits, dl_bucket, tf_bucket, word_class, word_terms, word_cache_max)\n\n"
+"The key layout of search.py; the tokenizer's word characters (a byte per ASCII character: 1 a word\n"
+"character, 2 the apostrophe, 0 a cut), its word -> term cache and the word cache's bound: given at\n"
+"search.py's import (defined there and in tokenize.py, not here).  Called again, it empties the word\n"
+"cache; refused, it changes nothing.");
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     long de, te, db;
-    PyObject *dlb, *tfb, *at;
+    PyObject *dlb, *tfb, *wt;
     Py_buffer wc;
     Py_ssize_t wmax;
-    if (!PyArg_ParseTuple(args, "lllOOOy*n", &de, &te, &db, &dlb, &tfb, &at, &wc, &wmax))
+    if (!PyArg_ParseTuple(args, "lllOOy*On", &de, &te, &db, &dlb, &tfb, &wc, &wt, &wmax))
         return NULL;
     int bad = de < 1 || te < 1 || db < 1 || db > 15 || !PyCallable_Check(dlb) || !PyCallable_Check(tfb)
-              || !PyCallable_Check(at) || wc.len != 128 || wmax < 1 || wmax > (1 << 24);
+              || wc.len != 128 || !PyDict_Check(wt) || wmax < 1 || wmax > (1 << 24);
+    unsigned char classes[128];
     if (!bad)
-        memcpy(word_class, wc.buf, 128);
+        memcpy(classes, wc.buf, 128);
     PyBuffer_Release(&wc);
     if (bad) {
-        PyErr_SetString(PyExc_ValueError, "configure(): bad key layout, word classes or cache bound");
+        PyErr_SetString(PyExc_ValueError, "configure(): bad key layout, word classes, term cache or bound");
         return NULL;
     }
     size_t slots = 1;
@@ -518,21 +545,18 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     WordEntry *cache = PyMem_Calloc(slots, sizeof(WordEntry));
     if (cache == NULL)
         return PyErr_NoMemory();
-    word_cache_clear();
+    word_cache_clear();   /* from here on nothing fails */
     PyMem_Free(word_cache);
     word_cache = cache;
     word_mask = slots - 1;
     word_max = (size_t)wmax;
-    PyObject *app = PyObject_GetAttrString(at, "append");
-    if (app == NULL)
-        return NULL;
-    Py_XSETREF(array_append, app);
+    memcpy(word_class, classes, 128);
     Py_INCREF(dlb);
     Py_INCREF(tfb);
-    Py_INCREF(at);
+    Py_INCREF(wt);
     Py_XSETREF(dl_bucket_fn, dlb);
     Py_XSETREF(tf_bucket_fn, tfb);
-    Py_XSETREF(array_type, at);
+    Py_XSETREF(word_terms, wt);
     dl_exact = de;
     tf_exact = te;
     dl_bits = db;
@@ -552,5 +576,15 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit_convmem_postings(void) {
+    PyObject *mod = PyImport_ImportModule("array");
+    if (mod == NULL)
+        return NULL;
+    array_type = PyObject_GetAttrString(mod, "array");
+    Py_DECREF(mod);
+    if (array_type == NULL)
+        return NULL;
+    array_append = PyObject_GetAttrString(array_type, "append");
+    if (array_append == NULL)
+        return NULL;
     return PyModule_Create(&module);
 }

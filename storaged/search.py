@@ -95,7 +95,7 @@ from storaged.fileio import DROP_WINDOW_PAGES
 from storaged.filterbounds import FilteredBounds, accepted_row
 from storaged.segment import (Segment, SegmentInvalid, is_index_segment_name, new_name as new_segment_name,
                               window_range as segment_window_range, write as segment_write)
-from storaged.tokenize import ASCII_WORD_CLASS, TERMS_MAX, index_terms, posting_items, query_runs
+from storaged.tokenize import ASCII_WORD_CLASS, TERMS_MAX, WORD_TERMS, index_terms, posting_items, query_runs
 
 try:   # storaged/postings.c, built at install where a C compiler is (pyproject.toml)
     from convmem_postings import configure as _native_configure, post as _native_post
@@ -262,7 +262,7 @@ _SIZEOF_INT = sys.getsizeof(1 << 40)
 _SIZEOF_ARRAY = sys.getsizeof(array("I"))
 _SIZEOF_FLOAT = sys.getsizeof(1.5)
 if _native_post is not None:
-    _native_configure(_DL_EXACT, _TF_EXACT, _DL_BITS, _dl_bucket, _tf_bucket, array, ASCII_WORD_CLASS, TERMS_MAX)
+    _native_configure(_DL_EXACT, _TF_EXACT, _DL_BITS, _dl_bucket, _tf_bucket, ASCII_WORD_CLASS, WORD_TERMS, TERMS_MAX)
 
 
 def _impact_table(q: float, rows: int = 1 << _TF_BITS) -> list[float]:
@@ -1350,7 +1350,6 @@ class SearchIndex:
         self._alive.append(1)
         self._docmap.set(doc, slot)
         self._live += 1
-        vocab = self._vocab
         texts = (content, summary, "\n".join(tags) if tags else "")
         if _native_post is not None:
             self._post_native(slot, texts)
@@ -1367,8 +1366,14 @@ class SearchIndex:
                 self._lens[f].append(0)
                 continue
             items, word_terms, alnum_parts = posting_items(text)
-            n, single, arrays, posted, tq = _native_post(items, word_terms, alnum_parts, vocab, new_tid,
-                                                         self._slots[f], self._keys[f], self._maxtf[f], slot)
+            try:
+                n, single, arrays, posted, tq = _native_post(items, word_terms, alnum_parts, vocab, new_tid,
+                                                             self._slots[f], self._keys[f], self._maxtf[f], slot)
+            except BaseException:
+                # a failure there (memory) may leave some terms' tf maxima raised: the field's bound on
+                # them, which sizes its impact table, must still cover them, as _post_python's would
+                self._maxtf_all[f] = max(self._maxtf_all[f], max(self._maxtf[f], default=0))
+                raise
             self._lens[f].append(n)
             if not n:
                 continue

@@ -43,6 +43,7 @@ __all__ = [
     "QueryRun",
     "ASCII_WORD_CLASS",
     "TERMS_MAX",
+    "WORD_TERMS",
     "index_terms",
     "posting_items",
     "normalize",
@@ -144,7 +145,7 @@ class _TermCache(dict):
 
 
 _TERMS_MAX = TERMS_MAX = 1 << 16   # (also the bound of the native posting builder's own word cache)
-_TERMS = _TermCache()
+_TERMS = WORD_TERMS = _TermCache()   # (the native posting builder keeps the answers of this one only)
 _word_term = _TERMS.__getitem__
 
 

@@ -86,12 +86,12 @@ def small_word_caches(monkeypatch):
     that both are emptied again and again under the build."""
     monkeypatch.setattr(T, "_TERMS_MAX", 16)
     T._TERMS.clear()
-    S._native_configure(S._DL_EXACT, S._TF_EXACT, S._DL_BITS, S._dl_bucket, S._tf_bucket, S.array,
-                        T.ASCII_WORD_CLASS, 16)
+    S._native_configure(S._DL_EXACT, S._TF_EXACT, S._DL_BITS, S._dl_bucket, S._tf_bucket,
+                        T.ASCII_WORD_CLASS, T.WORD_TERMS, 16)
     yield
     T._TERMS.clear()
-    S._native_configure(S._DL_EXACT, S._TF_EXACT, S._DL_BITS, S._dl_bucket, S._tf_bucket, S.array,
-                        T.ASCII_WORD_CLASS, T.TERMS_MAX)
+    S._native_configure(S._DL_EXACT, S._TF_EXACT, S._DL_BITS, S._dl_bucket, S._tf_bucket,
+                        T.ASCII_WORD_CLASS, T.WORD_TERMS, T.TERMS_MAX)
 
 
 def test_with_the_word_caches_emptied_under_it(monkeypatch, small_word_caches):
@@ -143,7 +143,7 @@ def test_bad_arguments_are_errors_not_crashes():
     with pytest.raises(ZeroDivisionError):
         P.post("a1", T._TERMS, lambda w: 1 / 0, *args)
     with pytest.raises(ValueError):
-        P.configure(S._DL_EXACT, S._TF_EXACT, S._DL_BITS, S._dl_bucket, S._tf_bucket, S.array, b"short", 16)
+        P.configure(S._DL_EXACT, S._TF_EXACT, S._DL_BITS, S._dl_bucket, S._tf_bucket, b"short", T.WORD_TERMS, 16)
     assert ix._vocab == {} and ix._slots[0] == [] and ix._n_postings == 0   # nothing posted by them
 
 
@@ -157,3 +157,53 @@ def test_the_native_words_are_ascii_words_s():
     for text in texts:
         prepared = T._prepare(text)
         assert P.words(prepared) == T._ascii_words(prepared), text
+
+
+def test_another_mapping_neither_reads_nor_fills_the_word_cache():
+    """A post() given some other word -> term mapping (only a caller's bug could) leaves what real
+    indexing makes of the same word unchanged."""
+    import convmem_postings as P
+
+    ix = S.SearchIndex()
+    args = [ix._vocab, ix._new_tid, ix._slots[0], ix._keys[0], ix._maxtf[0], 0]
+    P.post("running", {"running": "WRONG"}, T._alnum_parts, *args)
+    assert ix._terms == ["WRONG"]
+    real = S.SearchIndex()
+    real.add(0, "running", None, [])
+    assert list(real._vocab) == T.index_terms("running") == ["run"]
+
+
+def test_a_term_that_is_a_str_subclass_is_refused():
+    """What counts as one term is str's own equality: a subclass (whose __hash__ or __eq__ could run
+    any code) is refused, not counted."""
+    import convmem_postings as P
+
+    class Odd(str):
+        def __hash__(self):
+            return 1
+
+    ix = S.SearchIndex()
+    with pytest.raises(TypeError):
+        P.post([Odd("a"), Odd("b")], None, None, ix._vocab, ix._new_tid, ix._slots[0], ix._keys[0],
+               ix._maxtf[0], 0)
+    assert ix._vocab == {}
+
+
+def test_a_failure_partway_keeps_the_fields_tf_bound(monkeypatch):
+    """A term id that fails after another term's tf maximum was raised (new_tid failing: memory): the
+    field's bound on the tf buckets still covers every term's, as the Python path keeps it."""
+    ix = S.SearchIndex()
+    ix.add(0, "alpha beta", None, [])
+    calls = []
+    real = ix._new_tid
+
+    def failing(term):
+        calls.append(term)
+        if len(calls) > 1:
+            raise MemoryError
+        return real(term)
+
+    monkeypatch.setattr(ix, "_new_tid", failing)
+    with pytest.raises(MemoryError):
+        ix.add(1, "alpha alpha alpha gamma delta", None, [])
+    assert ix._maxtf_all[0] >= max(ix._maxtf[0])
