@@ -97,10 +97,20 @@ from storaged.segment import (Segment, SegmentInvalid, is_index_segment_name, ne
                               window_range as segment_window_range, write as segment_write)
 from storaged.tokenize import ASCII_WORD_CLASS, TERMS_MAX, WORD_TERMS, index_terms, posting_items, query_runs
 
-try:   # storaged/postings.c, built at install where a C compiler is (pyproject.toml)
-    from convmem_postings import configure as _native_configure, post as _native_post
-except ImportError:
-    _native_post = None
+# storaged/postings.c, built at install where a C compiler is (setup.py); CONVMEM_NO_NATIVE_POSTINGS=1 leaves
+# it unused (the Python path: the same lists, ~1.6x slower), should it ever be suspected
+NATIVE_POSTINGS_ENV = "CONVMEM_NO_NATIVE_POSTINGS"
+_native_post = None
+if os.environ.get(NATIVE_POSTINGS_ENV, "") in ("", "0"):
+    try:
+        from convmem_postings import configure as _native_configure, post as _native_post
+    except ImportError:
+        pass
+
+
+def native_postings() -> bool:
+    """Whether add() appends postings in C (the daemon says so at start when it does not)."""
+    return _native_post is not None
 
 __all__ = ["DumpOutdated", "Hit", "QueryScores", "SearchIndex", "SegmentPlan"]
 
