@@ -25,7 +25,7 @@ from protocol.config import (DAEMON_EXIT_CANNOT_START, DAEMON_EXIT_LOCKED, DAEMO
 from . import datadir, identity
 from .fileio import set_drop_pages
 from .salvage import salvage
-from .search import NATIVE_POSTINGS_ENV, native_postings
+from .search import NATIVE_POSTINGS_ENV, NATIVE_POSTINGS_OFF, native_postings
 from .server import (MAPPED_RESIDENT_CAP, MAPPED_RESIDENT_MIN, RELEASE_IDLE_S, SNAPSHOT_EVERY_RECORDS, Server,
                      install_signal_handlers)
 from .store import Store
@@ -253,8 +253,7 @@ def run_daemon(data_dir: str, args: argparse.Namespace) -> int:
     if not native_postings():
         LOG.warning("the search index's native posting builder (convmem_postings, storaged/postings.c) is %s: "
                     "indexing runs in Python, ~1.6x slower (reinstall where a C compiler is)",
-                    f"off ({NATIVE_POSTINGS_ENV} is set)" if os.environ.get(NATIVE_POSTINGS_ENV, "") not in ("", "0")
-                    else "not installed")
+                    f"off ({NATIVE_POSTINGS_ENV} is set)" if NATIVE_POSTINGS_OFF else "not installed")
     LOG.info("listening on %s; opening the store (requests are answered 'loading' until it is open)", endpoint)
     # a fault-injection seam for tests: a store that takes this long to open (as a large one does)
     delay = float(os.environ.get("CONVMEM_FAULT_LOAD_DELAY_S") or 0)

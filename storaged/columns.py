@@ -798,7 +798,7 @@ class MessageTable:
         return self.count if span is None else span[1] - span[0]
 
     def rebase_span(self) -> tuple[int, int] | None:
-        """(first, end) of the live seqs when a base of them can be mapped in place of the rows: it lies as
+        """(0, end) of the live seqs (``live_span``) when a base of them can be mapped in place of the rows: it lies as
         the rows do (``live_span``) and generation 0 names the source they read (no compaction's
         relocation is under way: ``relocated``), and it reaches past the base mapped now (the newest
         messages deleted: a base ending below it cannot take its place; the next one will)."""

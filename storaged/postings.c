@@ -314,7 +314,9 @@ static long bucket(PyObject *fn, Py_ssize_t v) {
         return -1;
     long q = PyLong_AsLong(r);
     Py_DECREF(r);
-    return q;
+    if (q < 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "a bucket must not be negative, not %ld", q);
+    return q < 0 ? -1 : q;
 }
 
 static PyObject *make_array(const char *code, PyObject *a, PyObject *b) {

@@ -100,8 +100,9 @@ from storaged.tokenize import ASCII_WORD_CLASS, TERMS_MAX, WORD_TERMS, index_ter
 # storaged/postings.c, built at install where a C compiler is (setup.py); CONVMEM_NO_NATIVE_POSTINGS=1 leaves
 # it unused (the Python path: the same lists, ~1.6x slower), should it ever be suspected
 NATIVE_POSTINGS_ENV = "CONVMEM_NO_NATIVE_POSTINGS"
+NATIVE_POSTINGS_OFF = os.environ.get(NATIVE_POSTINGS_ENV, "") not in ("", "0")
 _native_post = None
-if os.environ.get(NATIVE_POSTINGS_ENV, "") in ("", "0"):
+if not NATIVE_POSTINGS_OFF:
     try:
         from convmem_postings import configure as _native_configure, post as _native_post
     except ImportError:
@@ -1361,27 +1362,13 @@ class SearchIndex:
         self._docmap.set(doc, slot)
         self._live += 1
         texts = (content, summary, "\n".join(tags) if tags else "")
-        if _native_post is not None:
-            self._post_native(slot, texts)
-        else:
-            self._post_python(slot, texts)
-        if self._unswept:
-            self._maintain()
-
-    def _post_native(self, slot: int, texts: tuple) -> None:
-        """add()'s postings through storaged/postings.c: _post_python's steps, word by word in C."""
-        vocab, new_tid = self._vocab, self._new_tid
+        post = self._post_native if _native_post is not None else self._post_python
         for f, text in enumerate(texts):
-            if not text:
-                self._lens[f].append(0)
-                continue
-            items, word_terms, alnum_parts = posting_items(text)
             try:
-                n, single, arrays, posted, tq = _native_post(items, word_terms, alnum_parts, vocab, new_tid,
-                                                             self._slots[f], self._keys[f], self._maxtf[f], slot)
+                n, single, arrays, posted, tq = post(f, text, slot) if text else (0, 0, 0, 0, 0)
             except BaseException:
-                # a failure there (memory) may leave some terms' tf maxima raised: the field's bound on
-                # them, which sizes its impact table, must still cover them, as _post_python's would
+                # a failure partway (memory) may leave some terms' tf maxima raised: the field's bound on
+                # them, which sizes its impact table, must still cover them
                 self._maxtf_all[f] = max(self._maxtf_all[f], max(self._maxtf[f], default=0))
                 raise
             self._lens[f].append(n)
@@ -1394,53 +1381,56 @@ class SearchIndex:
             self._n_single += single
             self._n_arrays += arrays
             self._n_postings += posted
+        if self._unswept:
+            self._maintain()
 
-    def _post_python(self, slot: int, texts: tuple) -> None:
-        """add()'s postings where the native builder was not built (no C compiler at install): the
-        definition that tests/unit/test_native_postings.py holds the native one to."""
+    def _post_native(self, f: int, text: str, slot: int) -> tuple[int, int, int, int, int]:
+        """One field's postings through storaged/postings.c: _post_python's steps, word by word in C."""
+        items, word_terms, alnum_parts = posting_items(text)
+        return _native_post(items, word_terms, alnum_parts, self._vocab, self._new_tid, self._slots[f],
+                            self._keys[f], self._maxtf[f], slot)
+
+    def _post_python(self, f: int, text: str, slot: int) -> tuple[int, int, int, int, int]:
+        """One field's postings where the native builder was not built (no C compiler at install): the
+        definition that tests/unit/test_native_postings.py holds the native one to. (the field's length
+        in terms, what the single-posting, array and posting counters gain, the highest tf bucket that
+        raised a term's maximum)"""
+        terms = index_terms(text)
+        n = len(terms)
+        if not n:
+            return 0, 0, 0, 0, 0
         vocab = self._vocab
-        for f, text in enumerate(texts):
-            terms = index_terms(text) if text else ()
-            n = len(terms)
-            self._lens[f].append(n)
-            if not n:
-                continue
-            self._total_len[f] += n
-            self._nonempty[f] += 1
-            dlq = n if n < _DL_EXACT else _dl_bucket(n)
-            slots_f, keys_f, maxtf_f = self._slots[f], self._keys[f], self._maxtf[f]
-            single = posted = arrays = 0
-            for term, tf in (Counter(terms).items() if n > 1 else ((terms[0], 1),)):
-                tid = vocab.get(term)
-                if tid is None:
-                    tid = self._new_tid(term)
-                if tf == 1:
-                    key = dlq
-                else:
-                    tq = tf - 1 if tf <= _TF_EXACT else _tf_bucket(tf)
-                    key = (tq << _DL_BITS) | dlq
-                    if tq > maxtf_f[tid]:
-                        maxtf_f[tid] = tq
-                        if tq > self._maxtf_all[f]:
-                            self._maxtf_all[f] = tq
-                p = slots_f[tid]
-                if p is None:
-                    slots_f[tid] = slot
-                    keys_f[tid] = key
-                    single += 1
-                elif type(p) is int:
-                    slots_f[tid] = array("I", (p, slot))
-                    keys_f[tid] = array("H", (keys_f[tid], key))
-                    single -= 1
-                    arrays += 2
-                    posted += 2
-                else:
-                    p.append(slot)
-                    keys_f[tid].append(key)
-                    posted += 1
-            self._n_single += single
-            self._n_arrays += arrays
-            self._n_postings += posted
+        dlq = n if n < _DL_EXACT else _dl_bucket(n)
+        slots_f, keys_f, maxtf_f = self._slots[f], self._keys[f], self._maxtf[f]
+        single = posted = arrays = max_tq = 0
+        for term, tf in (Counter(terms).items() if n > 1 else ((terms[0], 1),)):
+            tid = vocab.get(term)
+            if tid is None:
+                tid = self._new_tid(term)
+            if tf == 1:
+                key = dlq
+            else:
+                tq = tf - 1 if tf <= _TF_EXACT else _tf_bucket(tf)
+                key = (tq << _DL_BITS) | dlq
+                if tq > maxtf_f[tid]:
+                    maxtf_f[tid] = tq
+                    max_tq = max(max_tq, tq)
+            p = slots_f[tid]
+            if p is None:
+                slots_f[tid] = slot
+                keys_f[tid] = key
+                single += 1
+            elif type(p) is int:
+                slots_f[tid] = array("I", (p, slot))
+                keys_f[tid] = array("H", (keys_f[tid], key))
+                single -= 1
+                arrays += 2
+                posted += 2
+            else:
+                p.append(slot)
+                keys_f[tid].append(key)
+                posted += 1
+        return n, single, arrays, posted, max_tq
 
     def remove(self, doc: int) -> None:
         slot = self._docmap.get(doc)

@@ -40,6 +40,16 @@ def _texts(n: int, seed: int) -> list[str]:
     return out
 
 
+_APOSTROPHES = ["don't 'quoted' a''b x'y it's o'neil' ''' ' a'", "a'1 1'a 1'1 '1 1' x'''y z'9'q"]
+
+
+def _ascii_texts(n: int, seed: int) -> list[str]:
+    """Random ASCII texts of word characters, apostrophes, digits, upper case and cuts."""
+    rng = random.Random(seed)
+    alphabet = "abcxyz0129 ''_-.,:;/\\\"\t\n()ABC"
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(n)]
+
+
 def _state(ix: S.SearchIndex) -> dict:
     return {
         "vocab": dict(ix._vocab), "terms": list(ix._terms), "free": list(ix._free_tids),
@@ -102,11 +112,8 @@ def test_with_the_word_caches_emptied_under_it(monkeypatch, small_word_caches):
 def test_words_are_cut_as_the_tokenizer_cuts_them(monkeypatch):
     """Random ASCII texts of word characters, apostrophes, digits and cuts: the words the C side cuts
     (seen through the terms it posts) are _ascii_words's."""
-    rng = random.Random(9)
-    alphabet = "abcxyz0129 ''_-.,:;/\\\"\t\n()ABC"
-    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
-    texts += ["don't 'quoted' a''b x'y it's o'neil' ''' ' a'", "a'1 1'a 1'1 '1 1' x'''y z'9'q",
-              "x" * 65 + " " + "y" * 64 + " " + "x" * 65]   # words past the word cache's longest, twice
+    texts = _ascii_texts(3000, seed=9) + _APOSTROPHES + [
+        "x" * 65 + " " + "y" * 64 + " " + "x" * 65]   # words past the word cache's longest, twice
     assert _build(texts, True, monkeypatch) == _build(texts, False, monkeypatch)
 
 
@@ -150,10 +157,7 @@ def test_bad_arguments_are_errors_not_crashes():
 def test_the_native_words_are_ascii_words_s():
     import convmem_postings as P
 
-    rng = random.Random(10)
-    alphabet = "abcxyz0129 ''_-.,:;/\\\"\t\n()ABC"
-    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(20_000)]
-    texts += ["don't 'quoted' a''b x'y it's o'neil' ''' ' a'", "a'1 1'a 1'1 '1 1' x'''y z'9'q", "", "'", "a"]
+    texts = _ascii_texts(20_000, seed=10) + _APOSTROPHES + ["", "'", "a"]
     for text in texts:
         prepared = T._prepare(text)
         assert P.words(prepared) == T._ascii_words(prepared), text
@@ -189,9 +193,12 @@ def test_a_term_that_is_a_str_subclass_is_refused():
     assert ix._vocab == {}
 
 
-def test_a_failure_partway_keeps_the_fields_tf_bound(monkeypatch):
+@pytest.mark.parametrize("native", [True, False])
+def test_a_failure_partway_keeps_the_fields_tf_bound(monkeypatch, native):
     """A term id that fails after another term's tf maximum was raised (new_tid failing: memory): the
-    field's bound on the tf buckets still covers every term's, as the Python path keeps it."""
+    field's bound on the tf buckets still covers every term's, on either path."""
+    if not native:
+        monkeypatch.setattr(S, "_native_post", None)
     ix = S.SearchIndex()
     ix.add(0, "alpha beta", None, [])
     calls = []
